@@ -1,0 +1,78 @@
+"""BabyAI-Text observation sentences from minigrid's egocentric 7x7 view (BABYAI_TEXT.md).
+
+The view `image[x, y]` holds (object, colour, state) indices; x runs left to right, y far
+to near, the agent sits at the bottom centre looking "forward", and cells it cannot see
+are `unseen`. Sentences, one per line:
+1. what the agent carries;
+2. walls: scan forward, then left, then right along the agent's row, skipping unseen and
+   empty cells; the first other cell ends the scan and is reported only if it is a wall;
+3. every other visible object, column by column (x left to right, far to near).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX
+
+_UNSEEN = OBJECT_TO_IDX["unseen"]
+_EMPTY = OBJECT_TO_IDX["empty"]
+_WALL = OBJECT_TO_IDX["wall"]
+_DOOR = OBJECT_TO_IDX["door"]
+_DOOR_STATES = ("open", "closed", "locked")
+_SKIP_IN_SCAN = (_UNSEEN, _EMPTY)
+_NOT_OBJECTS = (_UNSEEN, _EMPTY, _WALL)
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _where(dx: int, dy: int) -> str:
+    """Position relative to the agent: dx > 0 is right, dy > 0 is forward."""
+    side = "left" if dx < 0 else "right"
+    if dx == 0:
+        return f"{_steps(dy)} forward"
+    if dy == 0:
+        return f"{_steps(abs(dx))} {side}"
+    return f"{_steps(abs(dx))} {side} and {_steps(dy)} forward"
+
+
+def _scan_wall(cells: list[int]) -> int | None:
+    """Distance to a wall along `cells` (nearest first), or None when something else comes first."""
+    for distance, cell in enumerate(cells, start=1):
+        if cell in _SKIP_IN_SCAN:
+            continue
+        return distance if cell == _WALL else None
+    return None
+
+
+def describe(image: np.ndarray, carrying: tuple[str, str] | None = None) -> list[str]:
+    """Sentences for one egocentric view; `carrying` is (colour, type) of the held object."""
+    grid = image.tolist()
+    width, height = len(grid), len(grid[0])
+    ax, ay = width // 2, height - 1
+    objects = [[cell[0] for cell in column] for column in grid]
+    lines: list[str] = []
+    if carrying is not None:
+        lines.append(f"You carry a {carrying[0]} {carrying[1]}")
+    scans = (
+        ("forward", [objects[ax][ay - d] for d in range(1, ay + 1)]),
+        ("left", [objects[ax - d][ay] for d in range(1, ax + 1)]),
+        ("right", [objects[ax + d][ay] for d in range(1, width - ax)]),
+    )
+    for direction, cells in scans:
+        distance = _scan_wall(cells)
+        if distance is not None:
+            lines.append(f"You see a wall {_steps(distance)} {direction}")
+    for x in range(width):
+        column = grid[x]
+        for y in range(height):
+            kind, color, state = column[y]
+            if kind in _NOT_OBJECTS or (x == ax and y == ay):
+                continue
+            where = _where(x - ax, ay - y)
+            if kind == _DOOR:
+                lines.append(f"You see a {_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door {where}")
+            else:
+                lines.append(f"You see a {IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]} {where}")
+    return lines

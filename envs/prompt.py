@@ -1,0 +1,100 @@
+"""Turn prompts: chat messages for the agent's k-th turn (ALGORITHMS.md §1).
+
+Messages: system (the environment's rules; the chat template adds the tool schemas), a user
+message with the task and the observation at the start of the history window, then the last
+W turns as assistant messages and the environment's answers. A well-formed turn is rendered
+as a structured tool call followed by a `tool` message (Qwen3 renders it as
+`<tool_response>` inside a user turn); a malformed turn keeps the model's raw text and is
+answered by a user message that names the format error.
+
+With W = "all" and no malformed turns, the prompt of turn k+1 extends the prompt of turn k;
+with a finite window it does not once k > W (buffer/ detects that before packing).
+
+Two-stage working memory (ALGORITHMS.md §7) plugs in through `working_memory`: the latest
+memory text is shown in the user message, and the caller decides when to ask for a new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from envs.parser import FormatError
+from envs.protocol import ToolCall
+
+
+class PromptConfig(BaseModel):
+    """How much history a turn prompt shows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    history_window: int | Literal["all"] = 10
+    """Number of most recent turns shown (seeds: 10); 'all' shows the whole episode."""
+
+    @field_validator("history_window")
+    @classmethod
+    def _non_negative(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"history_window must be >= 0 or 'all', got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class HistoryTurn:
+    """One past turn as the prompt renders it."""
+
+    response_text: str
+    """The model's response, decoded (used verbatim when the turn was malformed)."""
+    call: ToolCall | None
+    """The executed call: parsed, a gentle-mode fallback, or None when nothing acted."""
+    error: FormatError | None
+    """The format error, or None when the response parsed."""
+    think: str | None
+    """Reasoning from the `<think>` block of a well-formed turn."""
+    observation: str
+    """The environment's observation after this turn."""
+
+
+def _assistant_message(turn: HistoryTurn) -> dict[str, Any]:
+    if turn.error is None and turn.call is not None:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function",
+                            "function": {"name": turn.call.name, "arguments": turn.call.arguments}}],
+        }
+        if turn.think:
+            message["reasoning_content"] = turn.think
+        return message
+    return {"role": "assistant", "content": turn.response_text}
+
+
+def _answer_message(turn: HistoryTurn) -> dict[str, Any]:
+    if turn.error is None:
+        return {"role": "tool", "content": turn.observation}
+    acted = f"It was read as {turn.call.name}." if turn.call is not None else "No action was taken."
+    return {"role": "user",
+            "content": f"Format error ({turn.error.reason.value}): answer with exactly one tool call. {acted}\n"
+                       f"{turn.observation}"}
+
+
+def render_messages(config: PromptConfig, system_prompt: str, task: str, first_observation: str,
+                    history: list[HistoryTurn], working_memory: str | None = None) -> list[dict[str, Any]]:
+    """Chat messages for the next turn, given the task and every past turn of the episode."""
+    window = len(history) if config.history_window == "all" else min(config.history_window, len(history))
+    hidden = len(history) - window
+    start_observation = first_observation if hidden == 0 else history[hidden - 1].observation
+    user = f"Your task: {task}\n"
+    if hidden:
+        user += f"({hidden} earlier turn{'s' if hidden > 1 else ''} not shown.)\n"
+    if working_memory is not None:
+        user += f"Your notes so far:\n{working_memory}\n"
+    user += f"\nWhat you see:\n{start_observation}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt},
+                                      {"role": "user", "content": user}]
+    for turn in history[hidden:]:
+        messages.append(_assistant_message(turn))
+        messages.append(_answer_message(turn))
+    return messages

@@ -1,0 +1,71 @@
+"""Episode rewards: outcome and format (ALGORITHMS.md §2).
+
+- strict: outcome (+1 success / -1 failure) plus one format term for the episode
+  (+0.5 when every turn parsed, else -0.5);
+- gentle: outcome (+10 success by default in that recipe) plus -0.1 at each turn that did
+  not parse; those turns still acted through the parser's fallback.
+
+Success always comes from the environment's verifier, never from text matching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class RewardConfig(BaseModel):
+    """Reward shaping; `format_mode` must match the parser's mode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_mode: Literal["strict", "gentle"] = "strict"
+    success_reward: float = 1.0
+    failure_reward: float = -1.0
+    format_ok_reward: float = 0.5
+    format_bad_reward: float = -0.5
+    gentle_step_penalty: float = -0.1
+
+    @model_validator(mode="after")
+    def _check(self) -> "RewardConfig":
+        if self.success_reward <= self.failure_reward:
+            raise ValueError(
+                f"success_reward ({self.success_reward}) must exceed failure_reward ({self.failure_reward})")
+        if self.gentle_step_penalty > 0:
+            raise ValueError(f"gentle_step_penalty must be <= 0, got {self.gentle_step_penalty}")
+        return self
+
+    @classmethod
+    def gentle(cls) -> "RewardConfig":
+        """The gentle recipe of seed 000 v2.3: success +10, -0.1 per malformed turn."""
+        return cls(format_mode="gentle", success_reward=10.0, failure_reward=0.0)
+
+
+@dataclass(frozen=True)
+class EpisodeReward:
+    """Rewards of one finished episode."""
+
+    outcome: float
+    """Outcome term (success or failure reward)."""
+    format: float
+    """Format term summed over the episode."""
+    per_turn: tuple[float, ...]
+    """Format reward attributed to each turn, shape [num_turns] (gentle: penalties; strict: zeros)."""
+
+    @property
+    def total(self) -> float:
+        """The scalar episode reward used for GRPO advantages."""
+        return self.outcome + self.format
+
+
+def episode_reward(config: RewardConfig, success: bool, turn_well_formed: list[bool]) -> EpisodeReward:
+    """Rewards for an episode given success and, per turn, whether the response parsed."""
+    outcome = config.success_reward if success else config.failure_reward
+    if config.format_mode == "strict":
+        all_ok = bool(turn_well_formed) and all(turn_well_formed)
+        fmt = config.format_ok_reward if all_ok else config.format_bad_reward
+        return EpisodeReward(outcome=outcome, format=fmt, per_turn=tuple(0.0 for _ in turn_well_formed))
+    per_turn = tuple(0.0 if ok else config.gentle_step_penalty for ok in turn_well_formed)
+    return EpisodeReward(outcome=outcome, format=sum(per_turn), per_turn=per_turn)
