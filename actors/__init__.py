@@ -1,1 +1,1 @@
-
+"""Rollout side: inference engines, the multi-turn agent loop, rollout workers."""

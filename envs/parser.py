@@ -159,5 +159,10 @@ class ToolCallParser:
         return ToolCall(name=self._fallback_lookup[re.sub(r"[ _]", "_", matches[-1].lower())], arguments={})
 
 
+def format_tool_call(call: ToolCall) -> str:
+    """The canonical response text for a call, as Qwen3 writes it; `parse` accepts it."""
+    return f'{CALL_OPEN}\n{json.dumps({"name": call.name, "arguments": call.arguments})}\n{CALL_CLOSE}'
+
+
 def _err(reason: FormatReason, detail: str) -> FormatError:
     return FormatError(reason=reason, detail=detail)

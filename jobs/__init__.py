@@ -1,1 +1,1 @@
-
+"""Entry points (train, evaluate, ...) and their YAML configs."""

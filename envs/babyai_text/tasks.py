@@ -5,8 +5,9 @@ Splits:
   The task type is drawn per task from a RNG seeded by (split, seed): `uniform` draws each
   task independently; `balanced` deals every block of len(task_types) consecutive seeds one
   task of each type, in a seeded random order.
-- `eval50`: the study's 50-task evaluation set (EVAL50_COUNTS), seeds 0..49, drawn from the
-  eval seed stream in a region that the `eval` split never reaches.
+- `eval50`: the study's 50-task evaluation set (EVAL50_COUNTS), seeds 0..49, task types
+  interleaved so that any prefix mixes them, drawn from the eval seed stream in a region
+  that the `eval` split never reaches.
 """
 
 from __future__ import annotations
@@ -39,7 +40,21 @@ MAX_SEED = 10**9
 
 TaskSampling = Literal["uniform", "balanced"]
 
-_EVAL50_TYPES: tuple[str, ...] = tuple(t for t, n in EVAL50_COUNTS.items() for _ in range(n))
+
+
+def _interleave(counts: dict[str, int]) -> tuple[str, ...]:
+    """Round-robin over task types, so any prefix of the split mixes them."""
+    remaining = dict(counts)
+    order: list[str] = []
+    while any(remaining.values()):
+        for task_type in counts:
+            if remaining[task_type]:
+                order.append(task_type)
+                remaining[task_type] -= 1
+    return tuple(order)
+
+
+_EVAL50_TYPES = _interleave(EVAL50_COUNTS)
 
 
 @dataclass(frozen=True)

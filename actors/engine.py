@@ -1,0 +1,51 @@
+"""The `InferenceEngine` seam and its sampling settings.
+
+Token-in, token-out: engines take prompt token ids and return the sampled token ids with
+the log-prob of each under the distribution that actually sampled it (after temperature
+and top-p), so the learner's importance ratios use the true behaviour policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingConfig(BaseModel):
+    """How responses are sampled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    """0 means greedy decoding."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=64, ge=1)
+    seed: int | None = None
+    """Seeds sampling for reproducible rollouts; None leaves the RNG alone."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response."""
+
+    token_ids: tuple[int, ...]
+    """Response token ids, shape [num_tokens], including the stop token when one was hit."""
+    logprobs: tuple[float, ...]
+    """Log-prob of each response token under the sampling distribution, shape [num_tokens]."""
+    finish_reason: Literal["stop", "length"]
+    """'stop' when a stop token ended the response, 'length' when max_new_tokens did."""
+
+
+class InferenceEngine(Protocol):
+    """Batched generation from token ids; weights can be swapped by version."""
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights currently loaded."""
+        ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        """One response per prompt, in order."""
+        ...

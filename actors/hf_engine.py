@@ -1,0 +1,71 @@
+"""HF transformers inference engine (CPU or CUDA): left-padded batched generation."""
+
+from __future__ import annotations
+
+import torch
+
+from actors.engine import Generation, SamplingConfig
+
+
+class HFEngine:
+    """Generates with a `transformers` causal LM; all prompts of a call share one batch."""
+
+    def __init__(self, model, pad_token_id: int, stop_token_ids: list[int], version: int = 0) -> None:
+        if not stop_token_ids:
+            raise ValueError("stop_token_ids must name at least one end-of-turn token")
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.stop_token_ids = list(stop_token_ids)
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt):] = 1
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        greedy = sampling.temperature == 0.0
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        new_tokens = out.sequences[:, width:].cpu()
+        # Scores are the logits after temperature/top-p: their log-softmax is the sampling distribution.
+        logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1).cpu()
+        token_logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        stops = set(self.stop_token_ids)
+        results = []
+        for row in range(len(prompts)):
+            ids = new_tokens[row].tolist()
+            end = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
+            finish = "stop" if end is not None else "length"
+            end = end if end is not None else len(ids)
+            results.append(Generation(token_ids=tuple(ids[:end]),
+                                      logprobs=tuple(token_logprobs[row, :end].tolist()),
+                                      finish_reason=finish))
+        return results

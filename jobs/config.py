@@ -1,0 +1,70 @@
+"""YAML job configs with `a.b=c` command-line overrides, validated before anything starts.
+
+Every section is a pydantic model with `extra="forbid"`, so an unknown key is an error that
+names its full dotted path; override values are parsed as YAML (`x=3`, `x=[a, b]`, `x=null`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names each offending key."""
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Set `a.b.c=value` in a nested dict, creating sections as needed."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {override!r} is not of the form key.sub=value")
+    *parents, leaf = key.split(".")
+    node = data
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parents[:i + 1])} is a value, not a section")
+        node = child
+    node[leaf] = yaml.safe_load(raw)
+
+
+def load_config(model: type[ConfigT], path: str | Path | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> ConfigT:
+    """Read YAML (optional), apply overrides, validate; raises ConfigError naming the keys."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = loaded or {}
+    for override in overrides:
+        apply_override(data, override)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r}")
+        else:
+            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def dump_config(config: BaseModel) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

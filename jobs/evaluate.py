@@ -1,0 +1,168 @@
+"""Evaluate a policy on a BabyAI-Text split: success rate per task type.
+
+    python -m jobs.evaluate [--config FILE.yaml] [key.sub=value ...] [--dry-run]
+
+By default: the zero-shot tiny model, greedy, on the study's 50-task `eval50` split.
+`policy=expert` runs the BabyAI bot instead (a check of the environment and loop).
+Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.agent_loop import EpisodeResult, LoopConfig
+from actors.engine import SamplingConfig
+from envs.babyai_text import BabyAITextConfig
+from envs.babyai_text.tasks import SPLITS, split_size
+from jobs.config import ConfigError, dump_config, load_config
+from learner.models import ModelConfig
+
+
+class EvaluateConfig(BaseModel):
+    """Everything an evaluation run needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["model", "expert"] = "model"
+    model: ModelConfig = ModelConfig()
+    env: BabyAITextConfig = BabyAITextConfig()
+    loop: LoopConfig = LoopConfig()
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0, max_new_tokens=48)
+    split: str = "eval50"
+    num_tasks: int | None = Field(default=None, ge=1)
+    """Tasks to run; default: the whole split (required for the unbounded train/eval splits)."""
+    first_seed: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=25, ge=1)
+    """Episodes advanced together (one batched generation per turn)."""
+    num_threads: int = Field(default=1, ge=1)
+    """Torch intra-op threads (2 shared cores: keep 1)."""
+    output_dir: str = "runs/evaluate"
+
+    @model_validator(mode="after")
+    def _check_split(self) -> "EvaluateConfig":
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {self.split!r}")
+        size = split_size(self.split)
+        if size is None and self.num_tasks is None:
+            raise ValueError(f"split {self.split!r} is unbounded: set num_tasks")
+        if size is not None and self.first_seed + (self.num_tasks or size) > size:
+            raise ValueError(f"split {self.split!r} has {size} tasks; first_seed + num_tasks exceeds it")
+        return self
+
+    def tasks(self) -> list[tuple[str, int]]:
+        count = self.num_tasks or split_size(self.split)
+        return [(self.split, self.first_seed + i) for i in range(count)]
+
+
+def summarize(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
+    """Per task type and overall: episodes, success rate, mean turns, format error rate."""
+    groups: dict[str, list[EpisodeResult]] = defaultdict(list)
+    for r in results:
+        groups[r.info.task_type].append(r)
+    groups = dict(sorted(groups.items()))
+    groups["overall"] = list(results)
+    summary = {}
+    for name, rs in groups.items():
+        turns = sum(r.num_turns for r in rs)
+        summary[name] = {
+            "num_episodes": len(rs),
+            "success_rate": sum(r.success for r in rs) / len(rs),
+            "mean_turns": turns / len(rs),
+            "format_error_rate": sum(r.num_format_errors for r in rs) / max(turns, 1),
+        }
+    return summary
+
+
+def format_table(summary: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'task type':<22}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}"]
+    for name, s in summary.items():
+        lines.append(f"{name:<22}{s['num_episodes']:>9}{s['success_rate']:>9.3f}"
+                     f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}")
+    return "\n".join(lines)
+
+
+def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], summary: dict, wall_s: float) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {"config": config.model_dump(mode="json"), "summary": summary, "wall_s": wall_s}, indent=2))
+    table = pa.table({
+        "split": [r.info.split for r in results],
+        "seed": pa.array([r.info.seed for r in results], pa.int64()),
+        "task_type": [r.info.task_type for r in results],
+        "success": [r.success for r in results],
+        "num_turns": pa.array([r.num_turns for r in results], pa.int32()),
+        "num_format_errors": pa.array([r.num_format_errors for r in results], pa.int32()),
+    })
+    pq.write_table(table, out / "episodes.parquet")
+    return out
+
+
+def build_policy(config: EvaluateConfig):
+    if config.policy == "expert":
+        from envs.babyai_text.expert import ExpertPolicy
+
+        return ExpertPolicy()
+    from actors.agent_loop import ModelPolicy
+    from actors.hf_engine import HFEngine
+    from learner.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model)
+    engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id,
+                      stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id])
+    return ModelPolicy(engine, tokenizer, config.sampling)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="YAML file with EvaluateConfig fields")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(EvaluateConfig, args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(dump_config(config))
+        return 0
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from tqdm import tqdm
+
+    from actors.agent_loop import run_episodes
+    from envs.babyai_text import BabyAITextEnv
+
+    torch.set_num_threads(config.num_threads)
+    tasks = config.tasks()
+    start = time.perf_counter()
+    policy = build_policy(config)
+    with tqdm(total=len(tasks), desc=f"eval {config.split}", unit="ep", file=sys.stderr) as bar:
+        results = run_episodes(lambda: BabyAITextEnv(config.env), tasks, policy, config.loop,
+                               batch_size=config.batch_size, on_episode=lambda _: bar.update())
+    wall_s = time.perf_counter() - start
+    summary = summarize(results)
+    out = write_outputs(config, results, summary, wall_s)
+    print(format_table(summary))
+    print(f"policy={config.policy} split={config.split} episodes={len(results)} wall_s={wall_s:.1f} "
+          f"results={out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+import pytest
+
+from jobs.config import ConfigError, apply_override, load_config
+from jobs.evaluate import EvaluateConfig
+
+
+def test_overrides_nest_and_parse_yaml():
+    data = {}
+    apply_override(data, "loop.max_turns=7")
+    apply_override(data, "env.task_types=[go_to, open]")
+    apply_override(data, "num_tasks=null")
+    assert data == {"loop": {"max_turns": 7}, "env": {"task_types": ["go_to", "open"]}, "num_tasks": None}
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("split: eval\nnum_tasks: 4\nloop:\n  max_turns: 3\n")
+    cfg = load_config(EvaluateConfig, path, ["loop.max_turns=5"])
+    assert (cfg.split, cfg.num_tasks, cfg.loop.max_turns) == ("eval", 4, 5)
+    assert cfg.tasks() == [("eval", 0), ("eval", 1), ("eval", 2), ("eval", 3)]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loop.bogus=1"], "unknown key 'loop.bogus'"),
+    (["loop.max_turns=0"], "loop.max_turns"),
+    (["env.task_types=[fly]"], "unknown task type"),
+    (["split=eval"], "unbounded: set num_tasks"),
+    (["split=nope"], "split must be one of"),
+    (["num_tasks=51"], "has 50 tasks"),
+    (["model.dtype=int8"], "model.dtype"),
+    (["no_equals_sign"], "key.sub=value"),
+])
+def test_bad_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(EvaluateConfig, None, overrides)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(EvaluateConfig, tmp_path / "none.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(EvaluateConfig, bad)

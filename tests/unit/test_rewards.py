@@ -1,0 +1,27 @@
+import pytest
+from pydantic import ValidationError
+
+from envs.rewards import RewardConfig, episode_reward
+
+
+def test_strict_outcome_and_format():
+    cfg = RewardConfig()
+    r = episode_reward(cfg, success=True, turn_well_formed=[True, True])
+    assert (r.outcome, r.format, r.total) == (1.0, 0.5, 1.5)
+    r = episode_reward(cfg, success=False, turn_well_formed=[True, False])
+    assert (r.outcome, r.format, r.total) == (-1.0, -0.5, -1.5)
+    assert r.per_turn == (0.0, 0.0)
+
+
+def test_gentle_penalises_each_bad_turn():
+    cfg = RewardConfig.gentle()
+    r = episode_reward(cfg, success=True, turn_well_formed=[True, False, False])
+    assert r.per_turn == (0.0, -0.1, -0.1)
+    assert r.total == pytest.approx(10.0 - 0.2)
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValidationError, match="must exceed"):
+        RewardConfig(success_reward=-1, failure_reward=1)
+    with pytest.raises(ValidationError, match="extra"):
+        RewardConfig(bonus=1)
