@@ -1,1 +1,1 @@
-
+"""Ray bootstrap (embedded local or an existing cluster), resource plans, metrics."""

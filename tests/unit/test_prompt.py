@@ -1,0 +1,96 @@
+"""Turn prompt rendering: window, malformed turns, prefix property."""
+
+import pytest
+from pydantic import ValidationError
+
+from envs.babyai_text import BabyAIExpert, BabyAITextEnv
+from envs.parser import ToolCallParser, format_tool_call
+from envs.prompt import HistoryTurn, PromptConfig, render_messages
+from envs.protocol import ToolCall
+from learner.models import ModelConfig, load_tokenizer
+
+
+def expert_history(env, seed, num_turns, bad_turns=()):
+    reset = env.reset(seed, "train")
+    parser = ToolCallParser(env.tools)
+    expert, last, history = BabyAIExpert(env), None, []
+    for k in range(num_turns):
+        if k in bad_turns:
+            text = "I am not sure what to do"
+            parsed = parser.parse(text)
+            history.append(HistoryTurn(text, None, parsed.error, None, history[-1].observation if history
+                                       else reset.observation))
+            continue
+        last = expert.act(last)
+        text = format_tool_call(ToolCall(last))
+        parsed = parser.parse(text)
+        step = env.step(parsed.call)
+        history.append(HistoryTurn(text, parsed.call, None, None, step.observation))
+        if step.done:
+            break
+    return reset, history
+
+
+def test_first_turn_is_system_and_task():
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    msgs = render_messages(PromptConfig(), env.system_prompt, reset.task, reset.observation, [])
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    assert msgs[1]["content"] == f"Your task: {reset.task}\n\nWhat you see:\n{reset.observation}"
+
+
+def test_window_keeps_the_last_turns_and_says_how_many_are_hidden():
+    env = BabyAITextEnv()
+    reset, history = expert_history(env, 0, 6)  # an open task: long enough
+    assert len(history) == 6
+    msgs = render_messages(PromptConfig(history_window=2), env.system_prompt, reset.task, reset.observation, history)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert "(4 earlier turns not shown.)" in msgs[1]["content"]
+    # The window starts from the observation the first shown action answered.
+    assert msgs[1]["content"].endswith(history[3].observation)
+    assert msgs[-1]["content"] == history[-1].observation
+    assert msgs[2]["tool_calls"][0]["function"]["name"] == history[4].call.name
+    zero = render_messages(PromptConfig(history_window=0), env.system_prompt, reset.task, reset.observation, history)
+    assert len(zero) == 2 and zero[1]["content"].endswith(history[-1].observation)
+
+
+def test_malformed_turns_keep_raw_text_and_name_the_error():
+    env = BabyAITextEnv()
+    reset, history = expert_history(env, 11, 3, bad_turns=(1,))
+    msgs = render_messages(PromptConfig(history_window="all"), env.system_prompt, reset.task, reset.observation,
+                           history)
+    assert msgs[4] == {"role": "assistant", "content": "I am not sure what to do"}
+    assert msgs[5]["role"] == "user" and msgs[5]["content"].startswith("Format error (no_tool_call)")
+    assert "No action was taken." in msgs[5]["content"]
+
+
+def test_working_memory_is_shown():
+    msgs = render_messages(PromptConfig(), "sys", "go", "obs", [], working_memory="the key is behind me")
+    assert "Your notes so far:\nthe key is behind me\n" in msgs[1]["content"]
+
+
+def test_full_history_prompts_extend_each_other_token_for_token():
+    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
+    env = BabyAITextEnv()
+    reset, history = expert_history(env, 5, 8)
+    cfg = PromptConfig(history_window="all")
+    prompts = [tok.apply_chat_template(render_messages(cfg, env.system_prompt, reset.task, reset.observation,
+                                                       history[:k]),
+                                       tools=env.tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+               for k in range(len(history) + 1)]
+    for k in range(len(history)):
+        assert prompts[k + 1][:len(prompts[k])] == prompts[k]
+    # A finite window breaks the prefix property once turns fall out of it.
+    short = PromptConfig(history_window=2)
+    p3, p4 = (tok.apply_chat_template(render_messages(short, env.system_prompt, reset.task, reset.observation,
+                                                      history[:k]),
+                                      tools=env.tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+              for k in (3, 4))
+    assert p4[:len(p3)] != p3
+
+
+def test_bad_window():
+    with pytest.raises(ValidationError, match="history_window"):
+        PromptConfig(history_window=-1)
+    with pytest.raises(ValidationError):
+        PromptConfig(history_window="some")
