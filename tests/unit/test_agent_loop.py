@@ -109,3 +109,15 @@ def test_engine_rejects_bad_input(engine_and_tokenizer):
     with pytest.raises(ValueError, match="stop_token_ids"):
         HFEngine(engine.model, 0, [])
     assert engine.generate([], SamplingConfig()) == []
+
+
+@pytest.mark.gpu
+def test_hf_engine_on_cuda_matches_cpu(engine_and_tokenizer):
+    engine, tok = engine_and_tokenizer
+    cuda = HFEngine(load_model(ModelConfig(path="tiny:nano"), device="cuda"), tok.pad_token_id,
+                    engine.stop_token_ids)
+    prompts = [tok.encode("You see a red key 1 step left", add_special_tokens=False)]
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    on_gpu, on_cpu = cuda.generate(prompts, greedy)[0], engine.generate(prompts, greedy)[0]
+    assert on_gpu.token_ids == on_cpu.token_ids
+    assert max(abs(a - b) for a, b in zip(on_gpu.logprobs, on_cpu.logprobs)) < 1e-3
