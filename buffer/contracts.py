@@ -1,0 +1,211 @@
+"""Data contracts between rollout, teacher, buffer and learner, and their Arrow schemas.
+
+`Trajectory` (one episode, a list of `Turn`s) is what rollout produces; `Sample` (one turn
+with its episode's metadata) is what the learner trains on: an n-turn trajectory expands to
+n samples (buffer.expansion). Batches of samples travel as Arrow tables (SAMPLE_SCHEMA) so
+Ray moves them through the object store without copies; trajectories round-trip through
+Arrow and Parquet too (TRAJECTORY_SCHEMA). Token ids are int32, log-probs float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One agent turn: the prompt the engine saw and what it generated."""
+
+    turn_index: int
+    """Position of the turn in its episode, 0-based."""
+    prompt_ids: tuple[int, ...]
+    """Prompt token ids exactly as the engine saw them, shape [num_prompt_tokens]."""
+    response_ids: tuple[int, ...]
+    """Generated token ids, stop token included when hit, shape [num_response_tokens]."""
+    behaviour_logprobs: tuple[float, ...]
+    """Log-prob of each response token under the sampling policy, shape [num_response_tokens]."""
+    policy_version: int
+    """Learner version of the weights that generated the response."""
+    teacher_logprobs: tuple[float, ...] | None = None
+    """Teacher log-prob of each response token, shape [num_response_tokens]; None if unscored."""
+    trainable: bool = True
+    """False for turns that must not be trained (TCOD-B2F teacher-replayed turns)."""
+    well_formed: bool = True
+    """Whether the response parsed as a tool call."""
+    turn_reward: float = 0.0
+    """Reward attributed to this turn (gentle format penalty, judge score)."""
+    finish_reason: str = "stop"
+    """'stop' (end-of-turn token), 'length' (max new tokens) or 'context' (context limit)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.behaviour_logprobs) != n:
+            raise ValueError(f"turn {self.turn_index}: {len(self.behaviour_logprobs)} behaviour log-probs "
+                             f"for {n} response tokens")
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
+            raise ValueError(f"turn {self.turn_index}: {len(self.teacher_logprobs)} teacher log-probs "
+                             f"for {n} response tokens")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One finished episode."""
+
+    trajectory_id: str
+    """Unique id of the episode."""
+    group_id: str
+    """Id shared by the G episodes of one GRPO group (same split and task seed)."""
+    split: str
+    """Split of the task."""
+    task_seed: int
+    """Seed of the task inside its split."""
+    task_type: str
+    """Task family, e.g. 'go_to'."""
+    turns: tuple[Turn, ...]
+    """The turns in order, shape [num_turns]."""
+    success: bool
+    """Verifier success."""
+    outcome_reward: float
+    """Outcome term of the episode reward."""
+    format_reward: float
+    """Format term of the episode reward."""
+    horizon_k: int | None = None
+    """TCOD horizon k in force when the episode ran; None without a curriculum."""
+    advantage: float | None = None
+    """Episode advantage set by the algorithm's group-end hook; None until then."""
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sample: turn k of a trajectory with its episode's metadata."""
+
+    trajectory_id: str
+    """Id of the source episode."""
+    group_id: str
+    """GRPO group id."""
+    split: str
+    """Split of the task."""
+    task_seed: int
+    """Seed of the task inside its split."""
+    task_type: str
+    """Task family."""
+    turn_index: int
+    """k: which turn of the episode this sample is."""
+    num_turns: int
+    """n: turns in the source episode."""
+    prompt_ids: tuple[int, ...]
+    """Prompt token ids of turn k as the engine saw them, shape [num_prompt_tokens]."""
+    response_ids: tuple[int, ...]
+    """Response token ids of turn k, shape [num_response_tokens]."""
+    behaviour_logprobs: tuple[float, ...]
+    """Sampling-policy log-prob per response token, shape [num_response_tokens]."""
+    policy_version: int
+    """Learner version of the weights that generated the response."""
+    teacher_logprobs: tuple[float, ...] | None
+    """Teacher log-prob per response token, shape [num_response_tokens], or None."""
+    trainable: bool
+    """False: the response is context only (no loss)."""
+    well_formed: bool
+    """Whether the response parsed."""
+    turn_reward: float
+    """Reward attributed to turn k."""
+    outcome_reward: float
+    """Episode outcome reward."""
+    format_reward: float
+    """Episode format reward."""
+    success: bool
+    """Episode success."""
+    horizon_k: int | None
+    """TCOD horizon k in force, or None."""
+    advantage: float | None
+    """Episode advantage from the group-end hook, or None."""
+    finish_reason: str
+    """How the response ended: 'stop', 'length' or 'context'."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+_TOKENS = pa.list_(pa.int32())
+_LOGPROBS = pa.list_(pa.float32())
+
+SAMPLE_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),
+    ("task_seed", pa.int64()), ("task_type", pa.string()), ("turn_index", pa.int32()),
+    ("num_turns", pa.int32()), ("prompt_ids", _TOKENS), ("response_ids", _TOKENS),
+    ("behaviour_logprobs", _LOGPROBS), ("policy_version", pa.int64()), ("teacher_logprobs", _LOGPROBS),
+    ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
+    ("outcome_reward", pa.float64()), ("format_reward", pa.float64()), ("success", pa.bool_()),
+    ("horizon_k", pa.int32()), ("advantage", pa.float64()), ("finish_reason", pa.string()),
+])
+"""Arrow schema of a batch of samples; one row per Sample, same field names."""
+
+TURN_TYPE = pa.struct([
+    ("turn_index", pa.int32()), ("prompt_ids", _TOKENS), ("response_ids", _TOKENS),
+    ("behaviour_logprobs", _LOGPROBS), ("policy_version", pa.int64()), ("teacher_logprobs", _LOGPROBS),
+    ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
+    ("finish_reason", pa.string()),
+])
+TRAJECTORY_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),
+    ("task_seed", pa.int64()), ("task_type", pa.string()), ("turns", pa.list_(TURN_TYPE)),
+    ("success", pa.bool_()), ("outcome_reward", pa.float64()), ("format_reward", pa.float64()),
+    ("horizon_k", pa.int32()), ("advantage", pa.float64()),
+])
+"""Arrow schema of a batch of trajectories; turns are a nested list of structs."""
+
+_SAMPLE_FIELDS = [f.name for f in fields(Sample)]
+_TRAJECTORY_FIELDS = [f.name for f in fields(Trajectory)]
+_TURN_FIELDS = [f.name for f in fields(Turn)]
+_TUPLE_FIELDS = {"prompt_ids", "response_ids", "behaviour_logprobs", "teacher_logprobs"}
+assert _SAMPLE_FIELDS == SAMPLE_SCHEMA.names and _TRAJECTORY_FIELDS == TRAJECTORY_SCHEMA.names
+assert _TURN_FIELDS == [TURN_TYPE.field(i).name for i in range(TURN_TYPE.num_fields)]
+
+
+def _row(obj: Any, names: list[str]) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in names}
+
+
+def _from_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (tuple(v) if k in _TUPLE_FIELDS and v is not None else v) for k, v in row.items()}
+
+
+def samples_to_table(samples: list[Sample]) -> pa.Table:
+    """A batch of samples as an Arrow table with SAMPLE_SCHEMA."""
+    return pa.Table.from_pylist([_row(s, _SAMPLE_FIELDS) for s in samples], schema=SAMPLE_SCHEMA)
+
+
+def table_to_samples(table: pa.Table) -> list[Sample]:
+    """Inverse of samples_to_table (log-probs come back as float32 values)."""
+    if table.schema.names != SAMPLE_SCHEMA.names:
+        raise ValueError(f"not a sample table: columns {table.schema.names}")
+    return [Sample(**_from_row(row)) for row in table.to_pylist()]
+
+
+def trajectories_to_table(trajectories: list[Trajectory]) -> pa.Table:
+    """A batch of trajectories as an Arrow table with TRAJECTORY_SCHEMA."""
+    rows = []
+    for t in trajectories:
+        row = _row(t, _TRAJECTORY_FIELDS)
+        row["turns"] = [_row(turn, _TURN_FIELDS) for turn in t.turns]
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+
+
+def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
+    """Inverse of trajectories_to_table."""
+    if table.schema.names != TRAJECTORY_SCHEMA.names:
+        raise ValueError(f"not a trajectory table: columns {table.schema.names}")
+    out = []
+    for row in table.to_pylist():
+        row["turns"] = tuple(Turn(**_from_row(turn)) for turn in row["turns"])
+        out.append(Trajectory(**row))
+    return out

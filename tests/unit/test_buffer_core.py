@@ -1,0 +1,168 @@
+"""Ring buffer core and admission control, exhaustively and as a hypothesis state machine."""
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from buffer.core import AdmissionController, Entry, RingBuffer, accepted_samples
+
+
+def entries(versions, start=0):
+    return [Entry(version=v, payload=start + i) for i, v in enumerate(versions)]
+
+
+def check_counts(buf):
+    c = buf.counters
+    assert c.put == c.consumed + c.dropped_stale + c.evicted + len(buf)
+    assert len(buf) <= buf.capacity
+    assert sum(c.staleness_histogram.values()) == c.consumed
+
+
+def test_fifo_and_each_sample_once():
+    buf = RingBuffer(capacity=10)
+    buf.put(entries([0] * 6))
+    assert [e.payload for e in buf.get(4, learner_version=0)] == [0, 1, 2, 3]
+    assert [e.payload for e in buf.get(4, learner_version=0)] == [4, 5]
+    assert buf.get(4, learner_version=0) == []
+    check_counts(buf)
+
+
+def test_full_ring_overwrites_the_oldest_and_counts_evictions():
+    buf = RingBuffer(capacity=4)
+    assert buf.put(entries([0] * 3)) == 0
+    assert buf.put(entries([0] * 3, start=3)) == 2
+    assert [e.payload for e in buf.get(10, 0)] == [2, 3, 4, 5]
+    assert buf.counters.evicted == 2
+    check_counts(buf)
+
+
+def test_stale_samples_are_dropped_and_counted():
+    buf = RingBuffer(capacity=10, max_staleness=2)
+    buf.put(entries([0, 1, 2, 3, 0, 3]))
+    got = buf.get(10, learner_version=3)
+    assert [e.payload for e in got] == [1, 2, 3, 5]
+    assert buf.counters.dropped_stale == 2
+    assert buf.counters.staleness_histogram == {2: 1, 1: 1, 0: 2}
+    check_counts(buf)
+
+
+def test_on_policy_when_max_staleness_is_zero():
+    buf = RingBuffer(capacity=10, max_staleness=0)
+    buf.put(entries([4, 5, 5]))
+    assert [e.version for e in buf.get(10, 5)] == [5, 5]
+
+
+def test_drop_stale_sweeps_everywhere_and_keeps_order():
+    buf = RingBuffer(capacity=5, max_staleness=1)
+    buf.put(entries([3, 0, 3, 1, 3]))
+    assert buf.num_fresh(3) == 3
+    assert buf.drop_stale(3) == 2
+    assert len(buf) == 3
+    buf.put(entries([3, 3], start=5))  # wraps around over tombstones
+    assert [e.payload for e in buf.get(10, 3)] == [2, 4, 5, 6]
+    check_counts(buf)
+
+
+def test_get_stops_at_n_without_dropping_beyond():
+    buf = RingBuffer(capacity=10, max_staleness=0)
+    buf.put(entries([1, 1, 0, 0]))
+    assert len(buf.get(2, 1)) == 2
+    assert buf.counters.dropped_stale == 0 and len(buf) == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="capacity"):
+        RingBuffer(capacity=0)
+    with pytest.raises(ValueError, match="max_staleness"):
+        RingBuffer(capacity=1, max_staleness=-1)
+    with pytest.raises(ValueError, match="n must be"):
+        RingBuffer(capacity=1).get(-1, 0)
+
+
+def test_admission_formula():
+    adm = AdmissionController(batch_size=8, max_staleness=2, samples_per_episode_prior=4.0)
+    # (2 + 0 + 1) * 8 = 24 samples = 6 episodes of 4 at version 0.
+    assert adm.admit(10, learner_version=0, accepted=0) == 6
+    assert adm.admit(1, learner_version=0, accepted=0) == 0
+    adm.finish(2, num_samples=4)  # episodes were shorter: 2 samples each
+    assert adm.samples_per_episode == 2.0
+    # capacity = 24 - (4 accepted + 4 running * 2) = 12 -> 6 more episodes.
+    assert adm.capacity(0, accepted=4) == 12
+    assert adm.admit(10, learner_version=0, accepted=4) == 6
+    # The learner advancing a version opens one batch of room.
+    assert adm.admit(10, learner_version=1, accepted=4) == 4
+    adm.abort(3)
+    assert adm.running_episodes == 11
+    with pytest.raises(ValueError, match="running"):
+        adm.finish(12, 1)
+    with pytest.raises(ValueError, match="batch_size"):
+        AdmissionController(batch_size=0)
+
+
+def test_lost_samples_give_admission_room_back():
+    buf = RingBuffer(capacity=4, max_staleness=2)
+    adm = AdmissionController(batch_size=4, samples_per_episode_prior=1.0)
+    assert adm.admit(100, 0, accepted_samples(buf)) == 12
+    adm.finish(12, 12)
+    buf.put(entries([0] * 12))  # 8 evicted by the small ring
+    assert accepted_samples(buf) == 4
+    assert adm.admit(100, 0, accepted_samples(buf)) == 8
+
+
+class BufferMachine(RuleBasedStateMachine):
+    """Random puts, gets, sweeps and version bumps against the invariants."""
+
+    def __init__(self):
+        super().__init__()
+        self.buf = None
+        self.version = 0
+        self.next_id = 0
+        self.returned = set()
+        self.put_versions = {}
+
+    @rule(capacity=st.integers(1, 12), max_staleness=st.integers(0, 3))
+    @precondition(lambda self: self.buf is None)
+    def create(self, capacity, max_staleness):
+        self.buf = RingBuffer(capacity=capacity, max_staleness=max_staleness)
+
+    @rule(lags=st.lists(st.integers(0, 5), max_size=8))
+    @precondition(lambda self: self.buf is not None)
+    def put(self, lags):
+        batch = []
+        for lag in lags:
+            batch.append(Entry(version=max(0, self.version - lag), payload=self.next_id))
+            self.put_versions[self.next_id] = batch[-1].version
+            self.next_id += 1
+        self.buf.put(batch)
+
+    @rule(n=st.integers(0, 10))
+    @precondition(lambda self: self.buf is not None)
+    def get(self, n):
+        got = self.buf.get(n, self.version)
+        assert len(got) <= n
+        ids = [e.payload for e in got]
+        assert ids == sorted(ids), "FIFO order"
+        for e in got:
+            assert e.payload not in self.returned, "returned twice"
+            assert self.version - e.version <= self.buf.max_staleness, "too stale"
+            self.returned.add(e.payload)
+
+    @rule()
+    @precondition(lambda self: self.buf is not None)
+    def sweep(self):
+        self.buf.drop_stale(self.version)
+        assert self.buf.num_fresh(self.version) == len(self.buf)
+
+    @rule(step=st.integers(1, 3))
+    def advance(self, step):
+        self.version += step
+
+    @invariant()
+    def counts_add_up(self):
+        if self.buf is not None:
+            check_counts(self.buf)
+
+
+TestBufferMachine = BufferMachine.TestCase
+TestBufferMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
