@@ -19,7 +19,7 @@ what is dropped as stale; freshest-first would strand old samples until they exp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 P = TypeVar("P")
 
@@ -47,9 +47,14 @@ class BufferCounters:
 
 
 class RingBuffer(Generic[P]):
-    """Fixed capacity in samples; puts overwrite the oldest when full; gets filter staleness."""
+    """Fixed capacity in samples; puts overwrite the oldest when full; gets filter staleness.
 
-    def __init__(self, capacity: int, max_staleness: int = 2) -> None:
+    `on_discard` is called with every entry that leaves without being returned (evicted or
+    dropped as stale), so an owner can release what the payload refers to.
+    """
+
+    def __init__(self, capacity: int, max_staleness: int = 2,
+                 on_discard: Callable[[Entry[P]], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 sample, got {capacity}")
         if max_staleness < 0:
@@ -60,6 +65,7 @@ class RingBuffer(Generic[P]):
         self._head = 0  # index of the oldest slot in use
         self._used = 0  # slots between head and tail, tombstones included
         self._resident = 0  # live entries
+        self._on_discard = on_discard
         self.counters = BufferCounters()
 
     def __len__(self) -> int:
@@ -74,6 +80,7 @@ class RingBuffer(Generic[P]):
                 if oldest is not None:
                     evicted += 1
                     self._resident -= 1
+                    self._discard(oldest)
                 self._slots[self._head] = None
                 self._head = (self._head + 1) % self.capacity
                 self._used -= 1
@@ -100,6 +107,7 @@ class RingBuffer(Generic[P]):
             staleness = learner_version - entry.version
             if staleness > self.max_staleness:
                 self.counters.dropped_stale += 1
+                self._discard(entry)
                 continue
             out.append(entry)
             hist = self.counters.staleness_histogram
@@ -120,9 +128,14 @@ class RingBuffer(Generic[P]):
             if entry is not None and learner_version - entry.version > self.max_staleness:
                 self._slots[slot] = None
                 dropped += 1
+                self._discard(entry)
         self._resident -= dropped
         self.counters.dropped_stale += dropped
         return dropped
+
+    def _discard(self, entry: Entry[P]) -> None:
+        if self._on_discard is not None:
+            self._on_discard(entry)
 
     def _live(self):
         for i in range(self._used):

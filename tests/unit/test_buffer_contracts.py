@@ -177,3 +177,15 @@ def test_windowed_history_is_detected_and_falls_back(tiny):
     mixed = expand(full)[:2] + expand(traj)[:2]
     assert len(to_sequences(mixed)) == 2
     assert not can_pack([expand(full)[1], expand(full)[0]])
+
+
+def test_ipc_encoding_round_trips_without_copies():
+    from buffer.actor import decode_table, encode_table
+
+    turns = (Turn(0, (1, 2), (3,), (-0.5,), 0), Turn(1, (1, 2, 3, 4), (5, 6), (-0.25, -1.0), 1, (-2.0, -3.0)))
+    table = samples_to_table(expand(Trajectory("a", "g", "train", 3, "open", turns, False, -1.0, 0.5)))
+    data = encode_table(table)
+    decoded = decode_table(data)
+    assert decoded.equals(table)
+    column = decoded.column("prompt_ids").chunk(0).values.buffers()[1]
+    assert data.ctypes.data <= column.address < data.ctypes.data + data.nbytes  # a view into data

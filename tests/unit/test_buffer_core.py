@@ -166,3 +166,16 @@ class BufferMachine(RuleBasedStateMachine):
 
 TestBufferMachine = BufferMachine.TestCase
 TestBufferMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_discarded_entries_are_reported():
+    gone = []
+    buf = RingBuffer(capacity=3, max_staleness=0, on_discard=gone.append)
+    buf.put(entries([0, 1, 1]))
+    buf.put(entries([1], start=3))  # evicts payload 0
+    assert [e.payload for e in gone] == [0]
+    buf.put(entries([0], start=4))  # evicts 1; 4 is stale at version 1
+    assert [e.payload for e in buf.get(1, learner_version=1)] == [2]
+    buf.drop_stale(1)
+    assert [e.payload for e in gone] == [0, 1, 4]
+    check_counts(buf)

@@ -1,0 +1,226 @@
+"""The replay buffer as an async Ray actor, and the helpers producers and the learner call.
+
+Bytes stay in Ray's object store: a producer puts one Arrow table per batch of finished
+trajectories (`ray.put`, zero-copy for readers on the node) and sends the actor only a
+`SampleBatch` -- the table's reference, its rows and each row's policy version. The actor
+keeps one reference per table (released when its last row is consumed, evicted or dropped)
+and answers `get` with another `SampleBatch` naming a few tables and their rows; the
+learner reads those rows straight from the object store (`fetch_samples`).
+
+The actor runs the pure-Python core (buffer.core) in its single asyncio loop: put, admit
+and stats never wait; `get` waits on an event that every put sets, so it never busy-loops,
+and gives up after its timeout with whatever fresh samples it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.contracts import SAMPLE_SCHEMA, Trajectory, samples_to_table
+from buffer.core import AdmissionController, Entry, RingBuffer, accepted_samples
+from buffer.expansion import expand
+
+
+class BufferConfig(BaseModel):
+    """Replay buffer settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    capacity_samples: int = Field(default=4096, ge=1)
+    """Ring capacity; when full the oldest samples are overwritten (counted as evicted)."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Δmax: drop samples more than this many versions behind the learner (0 = on-policy)."""
+    batch_size: int = Field(default=32, ge=1)
+    """B: samples the learner consumes per step (admission control's unit of room)."""
+    samples_per_episode_prior: float = Field(default=4.0, gt=0)
+    """Expected samples per episode until the first episodes finish."""
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Samples by reference: rows of Arrow tables (SAMPLE_SCHEMA) that live in the object store."""
+
+    table_refs: tuple[Any, ...]
+    """ray.ObjectRef of each table (encode_table's Arrow IPC bytes), shape [num_tables]."""
+    rows: tuple[tuple[int, ...], ...]
+    """Row indices taken from each table, shape [num_tables][rows of that table]."""
+    policy_versions: tuple[tuple[int, ...], ...]
+    """Policy version of each of those rows, same shape as rows."""
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(r) for r in self.rows)
+
+    def __post_init__(self) -> None:
+        if not len(self.table_refs) == len(self.rows) == len(self.policy_versions):
+            raise ValueError("table_refs, rows and policy_versions must have one entry per table")
+        if any(len(r) != len(v) for r, v in zip(self.rows, self.policy_versions)):
+            raise ValueError("every row needs a policy version")
+
+
+EMPTY_BATCH = SampleBatch((), (), ())
+
+
+class ReplayBuffer:
+    """Async actor body; start it with `create_buffer_actor`."""
+
+    def __init__(self, config: BufferConfig) -> None:
+        self.config = config
+        # Ring payload: (table key, row). Tables: key -> [ObjectRef, rows still resident].
+        self._tables: dict[int, list[Any]] = {}
+        self._next_key = 0
+        self._ring: RingBuffer[tuple[int, int]] = RingBuffer(config.capacity_samples, config.max_staleness,
+                                                            on_discard=lambda e: self._release(e.payload[0]))
+        self._admission = AdmissionController(config.batch_size, config.max_staleness,
+                                              config.samples_per_episode_prior)
+        self._version = 0
+        self._new_data = asyncio.Event()
+
+    async def put(self, batch: SampleBatch, num_episodes: int = 0) -> int:
+        """Store samples; `num_episodes` admitted episodes finished with them. Returns evictions."""
+        entries = []
+        for ref, rows, versions in zip(batch.table_refs, batch.rows, batch.policy_versions):
+            key = self._next_key
+            self._next_key += 1
+            self._tables[key] = [ref, len(rows)]
+            entries.extend(Entry(v, (key, r)) for r, v in zip(rows, versions))
+        evicted = self._ring.put(entries)
+        if num_episodes:
+            self._admission.finish(num_episodes, batch.num_samples)
+        self._new_data.set()
+        return evicted
+
+    async def get(self, n: int, learner_version: int, timeout_s: float = 60.0) -> SampleBatch:
+        """Up to n samples fresh for `learner_version`, waiting up to timeout_s for enough of them."""
+        self._advance(learner_version)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        taken: list[Entry[tuple[int, int]]] = []
+        while True:
+            taken.extend(self._ring.get(n - len(taken), self._version))
+            remaining = deadline - loop.time()
+            if len(taken) >= n or remaining <= 0:
+                break
+            self._new_data.clear()
+            try:
+                await asyncio.wait_for(self._new_data.wait(), remaining)
+            except TimeoutError:
+                pass
+        by_table: dict[int, tuple[list[int], list[int]]] = {}
+        for entry in taken:
+            key, row = entry.payload
+            rows, versions = by_table.setdefault(key, ([], []))
+            rows.append(row)
+            versions.append(entry.version)
+        refs = tuple(self._tables[key][0] for key in by_table)
+        for entry in taken:
+            self._release(entry.payload[0])
+        return SampleBatch(refs, tuple(tuple(r) for r, _ in by_table.values()),
+                           tuple(tuple(v) for _, v in by_table.values()))
+
+    async def admit(self, num_episodes: int) -> int:
+        """Reserve room for up to num_episodes episodes; returns how many may start (0 = wait)."""
+        return self._admission.admit(num_episodes, self._version, accepted_samples(self._ring))
+
+    async def abort(self, num_episodes: int) -> None:
+        """Admitted episodes that will never be put (their worker died)."""
+        self._admission.abort(num_episodes)
+
+    async def set_version(self, learner_version: int) -> int:
+        """The learner published a new version; drops what became too stale. Returns drops."""
+        return self._advance(learner_version)
+
+    async def stats(self) -> dict[str, Any]:
+        c = self._ring.counters
+        return {
+            "learner_version": self._version,
+            "num_resident": len(self._ring),
+            "num_fresh": self._ring.num_fresh(self._version),
+            "capacity": self._ring.capacity,
+            "occupancy": len(self._ring) / self._ring.capacity,
+            "num_put": c.put,
+            "num_consumed": c.consumed,
+            "num_evicted": c.evicted,
+            "num_dropped_stale": c.dropped_stale,
+            "staleness_histogram": dict(c.staleness_histogram),
+            "num_running_episodes": self._admission.running_episodes,
+            "admission_capacity": self._admission.capacity(self._version, accepted_samples(self._ring)),
+            "num_tables_held": len(self._tables),
+        }
+
+    def _advance(self, learner_version: int) -> int:
+        if learner_version < self._version:
+            raise ValueError(f"learner version went backwards: {learner_version} < {self._version}")
+        self._version = learner_version
+        return self._ring.drop_stale(learner_version)
+
+    def _release(self, key: int) -> None:
+        held = self._tables[key]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._tables[key]
+
+
+def create_buffer_actor(config: BufferConfig, **options: Any):
+    """Start the buffer actor (0 CPUs by default: it only moves metadata)."""
+    import ray
+
+    options.setdefault("num_cpus", 0)
+    return ray.remote(ReplayBuffer).options(**options).remote(config)
+
+
+def encode_table(table: pa.Table) -> np.ndarray:
+    """A table as one Arrow IPC stream in a uint8 array.
+
+    One contiguous buffer puts 3x faster than a pickled table (one buffer per column
+    chunk) and is read back zero-copy from the object store's shared memory.
+    """
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return np.frombuffer(sink.getvalue(), dtype=np.uint8)
+
+
+def decode_table(data: np.ndarray) -> pa.Table:
+    """Inverse of encode_table, without copying the buffers."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def put_trajectories(trajectories: list[Trajectory]) -> SampleBatch:
+    """Expand trajectories and put their samples as one Arrow table into the object store."""
+    import ray
+
+    samples = [s for t in trajectories for s in expand(t)]
+    ref = ray.put(encode_table(samples_to_table(samples)))
+    return SampleBatch((ref,), (tuple(range(len(samples))),), (tuple(s.policy_version for s in samples),))
+
+
+def fetch_samples(batch: SampleBatch) -> pa.Table:
+    """The rows of a batch as one Arrow table, read zero-copy from the object store on this node.
+
+    Rows come grouped by source table, in the order the buffer returned them, so one
+    episode's samples stay consecutive and in turn order.
+    """
+    import ray
+
+    if not batch.table_refs:
+        return SAMPLE_SCHEMA.empty_table()
+    pieces = []
+    for data, rows in zip(ray.get(list(batch.table_refs)), batch.rows):
+        table = decode_table(data)
+        # Consecutive rows become zero-copy slices.
+        start = prev = rows[0]
+        for row in rows[1:] + (None,):
+            if row is not None and row == prev + 1:
+                prev = row
+                continue
+            pieces.append(table.slice(start, prev - start + 1))
+            if row is not None:
+                start = prev = row
+    return pa.concat_tables(pieces)

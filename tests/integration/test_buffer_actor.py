@@ -1,0 +1,105 @@
+"""The replay buffer actor with several producer actors and one consumer."""
+
+import pytest
+
+from buffer.actor import BufferConfig, SampleBatch, create_buffer_actor, fetch_samples, put_trajectories
+from buffer.contracts import Trajectory, Turn, table_to_samples
+
+
+def trajectory(tid: str, num_turns: int, version: int) -> Trajectory:
+    turns = tuple(Turn(turn_index=k, prompt_ids=tuple(range(k + 3)), response_ids=(7, 8, k),
+                       behaviour_logprobs=(-0.5, -0.25, -1.0), policy_version=version) for k in range(num_turns))
+    return Trajectory(tid, f"g-{tid}", "train", 0, "go_to", turns, True, 1.0, 0.5)
+
+
+@pytest.fixture()
+def ray_mod(ray_session):
+    import ray
+
+    return ray
+
+
+def test_producers_and_a_consumer(ray_mod):
+    ray = ray_mod
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=1000, max_staleness=2, batch_size=16))
+
+    @ray.remote(num_cpus=0)
+    class Producer:
+        def __init__(self, name, buffer):
+            self.name, self.buffer = name, buffer
+
+        def run(self, trajectories):
+            for t in trajectories:
+                granted = ray.get(self.buffer.admit.remote(1))
+                ray.get(self.buffer.put.remote(put_trajectories([t]), num_episodes=granted))
+            return len(trajectories)
+
+    producers = [Producer.remote(f"p{j}", buffer) for j in range(3)]
+    ray.get([p.run.remote([trajectory(f"p{j}-{i}", 1 + i % 4, 0) for i in range(8)])
+             for j, p in enumerate(producers)])
+    stats = ray.get(buffer.stats.remote())
+    expected = 3 * sum(1 + i % 4 for i in range(8))
+    assert stats["num_put"] == expected and stats["num_resident"] == expected
+
+    seen = set()
+    while True:
+        batch = ray.get(buffer.get.remote(16, learner_version=1, timeout_s=0.2))
+        if not batch.num_samples:
+            break
+        assert isinstance(batch, SampleBatch) and batch.num_samples <= 16
+        samples = table_to_samples(fetch_samples(batch))
+        keys = [(s.trajectory_id, s.turn_index) for s in samples]
+        assert [s.policy_version for s in samples] == [v for vs in batch.policy_versions for v in vs]
+        assert not seen & set(keys), "a sample came back twice"
+        seen |= set(keys)
+        for s in samples:
+            assert s.response_ids == (7, 8, s.turn_index) and len(s.prompt_ids) == s.turn_index + 3
+    assert len(seen) == expected
+    stats = ray.get(buffer.stats.remote())
+    assert stats["num_consumed"] == expected and stats["staleness_histogram"] == {1: expected}
+    assert stats["num_put"] == stats["num_consumed"] + stats["num_dropped_stale"] + stats["num_evicted"] + \
+        stats["num_resident"]
+    assert stats["num_tables_held"] == 0  # every table reference was released
+
+
+def test_get_waits_for_puts_and_times_out(ray_mod):
+    ray = ray_mod
+    buffer = create_buffer_actor(BufferConfig())
+    assert ray.get(buffer.get.remote(4, learner_version=0, timeout_s=0.3)).num_samples == 0
+    pending = buffer.get.remote(5, learner_version=0, timeout_s=120)
+    ready, _ = ray.wait([pending], timeout=0.5)
+    assert not ready, "get returned before any data"
+    ray.get(buffer.put.remote(put_trajectories([trajectory("a", 3, 0)])))
+    ready, _ = ray.wait([pending], timeout=0.5)
+    assert not ready, "get returned with 3 of 5 samples before its timeout"
+    ray.get(buffer.put.remote(put_trajectories([trajectory("b", 2, 0)])))
+    assert ray.get(pending, timeout=60).num_samples == 5
+
+
+def test_staleness_filter_and_version_sweep(ray_mod):
+    ray = ray_mod
+    buffer = create_buffer_actor(BufferConfig(max_staleness=2))
+    ray.get(buffer.put.remote(put_trajectories([trajectory("old", 2, 0), trajectory("new", 2, 3)])))
+    assert ray.get(buffer.set_version.remote(3)) == 2
+    got = table_to_samples(fetch_samples(ray.get(buffer.get.remote(10, learner_version=3, timeout_s=0.1))))
+    assert [s.trajectory_id for s in got] == ["new", "new"]
+    stats = ray.get(buffer.stats.remote())
+    assert stats["num_dropped_stale"] == 2 and stats["staleness_histogram"] == {0: 2}
+    with pytest.raises(ray.exceptions.RayTaskError, match="went backwards"):
+        ray.get(buffer.get.remote(1, learner_version=1, timeout_s=0))
+
+
+def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
+    ray = ray_mod
+    buffer = create_buffer_actor(BufferConfig(batch_size=4, max_staleness=1, samples_per_episode_prior=2.0))
+    # (1 + 0 + 1) * 4 = 8 samples = 4 episodes of 2.
+    assert ray.get(buffer.admit.remote(10)) == 4
+    assert ray.get(buffer.admit.remote(1)) == 0
+    ray.get(buffer.put.remote(put_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)]), num_episodes=4))
+    assert ray.get(buffer.admit.remote(1)) == 0
+    assert ray.get(buffer.get.remote(4, learner_version=0, timeout_s=1)).num_samples == 4
+    assert ray.get(buffer.admit.remote(1)) == 0  # consuming alone does not open room...
+    ray.get(buffer.set_version.remote(1))
+    assert ray.get(buffer.admit.remote(10)) == 2  # ...a new learner version does: 4 samples
+    ray.get(buffer.abort.remote(2))
+    assert ray.get(buffer.stats.remote())["num_running_episodes"] == 0
