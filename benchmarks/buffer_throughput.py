@@ -10,7 +10,7 @@ measured per trajectory. Goal: (b) at least 5x (c). Both sides batch their calls
 puts do not wait for an answer (admission, not put, is the back-pressure), queue puts do
 (its API is synchronous).
 
-    python benchmarks/buffer_throughput.py [--producers 2] [--trajectories 60] [--batch 64]
+    python benchmarks/buffer_throughput.py [--producers 2] [--trajectories 100] [--batch 64]
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def bench_queue(producers, total: int, batch: int, group: int) -> tuple[float, l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--producers", type=int, default=2)
-    parser.add_argument("--trajectories", type=int, default=60, help="per producer")
+    parser.add_argument("--trajectories", type=int, default=100, help="per producer")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--group", type=int, default=8, help="trajectories per put (a GRPO group)")
     args = parser.parse_args()
