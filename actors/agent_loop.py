@@ -1,9 +1,17 @@
 """The multi-turn agent loop over the `TextEnv` seam, batched across environments.
 
-Each round, every unfinished episode gets a prompt rendered from its task and history; a
-policy answers all of them at once (one batched generation for a model); each response is
-parsed and, when it yields a call, executed in its environment. An episode ends when the
-environment says done or after `max_turns` turns.
+Each round, every unfinished episode asks the policy for a response, all at once (one
+batched generation for a model); each response is parsed and, when it yields a call,
+executed in its environment. An episode ends when the environment says done, after
+`max_turns` turns, or when its prompt no longer fits the context (recorded as a
+truncation). Model responses are recorded as `Turn`s and every finished episode becomes
+a `Trajectory`.
+
+Token-in, token-out: the prompt of turn k+1 is the prompt of turn k, the response tokens
+exactly as generated, and the tokens of what the chat template adds after them (the tool
+response and the next generation prompt) -- never a decode/re-encode of the response. Only
+when the history window drops turns (or the template rewrites earlier turns) is the prompt
+re-rendered from messages; buffer.expansion detects those episodes before packing.
 """
 
 from __future__ import annotations
@@ -14,20 +22,61 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import InferenceEngine, SamplingConfig
+from buffer.contracts import Trajectory, Turn
 from envs.parser import ToolCallParser
 from envs.prompt import HistoryTurn, PromptConfig, render_messages
 from envs.protocol import EnvReset, TaskInfo, TextEnv
+from envs.rewards import EpisodeReward, RewardConfig, episode_reward
 
 
 class LoopConfig(BaseModel):
-    """Turn limits and parsing of the agent loop."""
+    """Turn limits, parsing, prompting and rewards of the agent loop."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_turns: int = Field(default=20, ge=1)
     """LLM-level turn limit (the seeds ran 20 or 30)."""
+    max_context_tokens: int = Field(default=4096, ge=16)
+    """Prompt + response limit; an episode whose prompt no longer fits ends as truncated."""
     parser_mode: Literal["strict", "gentle"] = "strict"
     prompt: PromptConfig = PromptConfig()
+    rewards: RewardConfig = RewardConfig()
+
+
+@dataclass(frozen=True)
+class EpisodeTask:
+    """One episode to run."""
+
+    split: str
+    """Split of the task."""
+    seed: int
+    """Seed of the task in its split."""
+    group_id: str = ""
+    """GRPO group: the G episodes of one (split, seed) share it."""
+    index: int = 0
+    """Position of the episode in its group."""
+
+    @property
+    def trajectory_id(self) -> str:
+        return f"{self.group_id or f'{self.split}:{self.seed}'}/{self.index}"
+
+
+@dataclass(frozen=True)
+class Response:
+    """A policy's answer for one episode."""
+
+    text: str
+    """Decoded response (what the parser reads)."""
+    prompt_ids: tuple[int, ...] | None = None
+    """Prompt tokens the engine saw; None for text-only policies (no trajectory is recorded)."""
+    response_ids: tuple[int, ...] = ()
+    """Generated tokens, stop token included when hit."""
+    logprobs: tuple[float, ...] = ()
+    """Sampling log-prob per generated token."""
+    finish_reason: str = "stop"
+    """'stop', 'length', or 'context' (the prompt no longer fits: nothing was generated)."""
+    policy_version: int = 0
+    """Version of the weights that generated the response."""
 
 
 @dataclass
@@ -36,13 +85,17 @@ class EpisodeState:
 
     slot: int
     """Index of the environment (and parser) this episode runs in."""
+    task: EpisodeTask
     env: TextEnv
     reset: EnvReset
     history: list[HistoryTurn] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
     done: bool = False
     success: bool = False
+    truncated: str | None = None
+    """Why the episode was cut short by the loop: 'max_turns' or 'context'; None otherwise."""
     policy_state: Any = None
-    """Per-episode state a policy may keep (the expert keeps its bot here)."""
+    """Per-episode state a policy may keep (the model's token context, the expert's bot)."""
 
     @property
     def observation(self) -> str:
@@ -51,48 +104,102 @@ class EpisodeState:
 
 @dataclass(frozen=True)
 class EpisodeResult:
-    """Summary of one finished episode."""
+    """One finished episode."""
 
+    task: EpisodeTask
+    """What was run."""
     info: TaskInfo
-    """Which task."""
+    """Which task it was."""
     success: bool
     """Verifier success."""
     num_turns: int
     """Turns the agent took."""
     num_format_errors: int
     """Turns whose response did not parse."""
+    reward: EpisodeReward
+    """Outcome and format rewards."""
+    truncated: str | None
+    """'max_turns' or 'context' when the loop cut the episode short."""
+    trajectory: Trajectory | None
+    """Token-level record; None for text-only policies."""
 
 
 class Policy(Protocol):
-    """Answers a batch of running episodes with one response text each."""
+    """Answers a batch of running episodes with one response each."""
 
-    def respond(self, episodes: list[EpisodeState], config: LoopConfig) -> list[str]:
+    def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         ...
 
 
 class ModelPolicy:
     """A language model behind an `InferenceEngine`, prompted with the tokenizer's chat template."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer, sampling: SamplingConfig) -> None:
+    def __init__(self, engine: InferenceEngine, tokenizer, sampling: SamplingConfig, loop: LoopConfig,
+                 stop_token: str = "<|im_end|>") -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.sampling = sampling
+        self.loop = loop
+        self.stop_token = stop_token
+        self.stop_id = tokenizer.convert_tokens_to_ids(stop_token)
+        if self.stop_id is None or self.stop_id == tokenizer.unk_token_id:
+            raise ValueError(f"end-of-turn token {stop_token!r} is not in the tokenizer's vocabulary")
 
-    def respond(self, episodes: list[EpisodeState], config: LoopConfig) -> list[str]:
+    def respond(self, episodes: list[EpisodeState]) -> list[Response]:
+        responses: list[Response | None] = [None] * len(episodes)
+        budgets: dict[int, list[int]] = {}
         prompts = []
-        for ep in episodes:
-            messages = render_messages(config.prompt, ep.env.system_prompt, ep.reset.task,
-                                       ep.reset.observation, ep.history)
-            prompts.append(self.tokenizer.apply_chat_template(
-                messages, tools=ep.env.tools, add_generation_prompt=True, tokenize=True, return_dict=False))
-        generations = self.engine.generate(prompts, self.sampling)
-        return [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+        for i, ep in enumerate(episodes):
+            prompt = self._prompt_ids(ep)
+            prompts.append(prompt)
+            room = self.loop.max_context_tokens - len(prompt)
+            if room < 1:
+                responses[i] = Response("", tuple(prompt), finish_reason="context",
+                                        policy_version=self.engine.version)
+            else:
+                budgets.setdefault(min(self.sampling.max_new_tokens, room), []).append(i)
+        version = self.engine.version
+        for max_new, indices in budgets.items():
+            sampling = self.sampling.model_copy(update={"max_new_tokens": max_new})
+            generations = self.engine.generate([prompts[i] for i in indices], sampling)
+            for i, g in zip(indices, generations):
+                responses[i] = Response(
+                    text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
+                    prompt_ids=tuple(prompts[i]), response_ids=g.token_ids, logprobs=g.logprobs,
+                    finish_reason=g.finish_reason, policy_version=version)
+                episodes[i].policy_state = responses[i]
+        return responses
+
+    def _render(self, messages, ep: EpisodeState, generation_prompt: bool, tokenize: bool):
+        return self.tokenizer.apply_chat_template(messages, tools=ep.env.tools, add_generation_prompt=generation_prompt,
+                                                  tokenize=tokenize, return_dict=False)
+
+    def _prompt_ids(self, ep: EpisodeState) -> list[int]:
+        messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
+                                   ep.history)
+        last: Response | None = ep.policy_state
+        window = self.loop.prompt.history_window
+        if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
+            tail = self._tail_ids(messages, ep)
+            if tail is not None:
+                closed = last.response_ids if last.finish_reason == "stop" else last.response_ids + (self.stop_id,)
+                return list(last.prompt_ids + closed) + tail
+        return self._render(messages, ep, generation_prompt=True, tokenize=True)
+
+    def _tail_ids(self, messages, ep: EpisodeState) -> list[int] | None:
+        """Tokens the template adds after the last assistant turn's end-of-turn token."""
+        before = self._render(messages[:-1], ep, generation_prompt=False, tokenize=False)
+        after = self._render(messages, ep, generation_prompt=True, tokenize=False)
+        end = before.rfind(self.stop_token)
+        if not after.startswith(before) or end < 0:
+            return None
+        tail = before[end + len(self.stop_token):] + after[len(before):]
+        return self.tokenizer.encode(tail, add_special_tokens=False)
 
 
-def run_episodes(make_env: Callable[[], TextEnv], tasks: list[tuple[str, int]], policy: Policy,
-                 config: LoopConfig, batch_size: int = 16,
-                 on_episode: Callable[[EpisodeResult], None] | None = None) -> list[EpisodeResult]:
-    """Run every (split, seed) task once, `batch_size` episodes at a time; results in task order."""
+def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], policy: Policy, config: LoopConfig,
+                 batch_size: int = 16, on_episode: Callable[[EpisodeResult], None] | None = None) -> list[EpisodeResult]:
+    """Run every task once, `batch_size` episodes at a time; results in task order."""
     envs = [make_env() for _ in range(min(batch_size, len(tasks)))]
     parsers = [ToolCallParser(env.tools, config.parser_mode) for env in envs]
     results: list[EpisodeResult | None] = [None] * len(tasks)
@@ -102,34 +209,55 @@ def run_episodes(make_env: Callable[[], TextEnv], tasks: list[tuple[str, int]], 
     while next_task < len(tasks) or running:
         while free and next_task < len(tasks):
             slot = free.pop()
-            split, seed = tasks[next_task]
-            running[next_task] = EpisodeState(slot=slot, env=envs[slot],
-                                              reset=envs[slot].reset(seed=seed, split=split))
+            task = tasks[next_task]
+            running[next_task] = EpisodeState(slot=slot, task=task, env=envs[slot],
+                                              reset=envs[slot].reset(seed=task.seed, split=task.split))
             next_task += 1
         order = list(running)
-        responses = policy.respond([running[i] for i in order], config)
-        for index, text in zip(order, responses):
+        responses = policy.respond([running[i] for i in order])
+        for index, response in zip(order, responses):
             ep = running[index]
-            _advance(ep, parsers[ep.slot], text, config.max_turns)
+            _advance(ep, parsers[ep.slot], response, config.max_turns)
             if ep.done:
-                result = EpisodeResult(info=ep.reset.info, success=ep.success, num_turns=len(ep.history),
-                                       num_format_errors=sum(t.error is not None for t in ep.history))
-                results[index] = result
+                results[index] = _finish(ep, config.rewards)
                 free.append(ep.slot)
                 del running[index]
                 if on_episode is not None:
-                    on_episode(result)
+                    on_episode(results[index])
     return [r for r in results if r is not None]
 
 
-def _advance(ep: EpisodeState, parser: ToolCallParser, text: str, max_turns: int) -> None:
-    parsed = parser.parse(text)
+def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_turns: int) -> None:
+    if response.finish_reason == "context":
+        ep.done, ep.truncated = True, "context"
+        return
+    parsed = parser.parse(response.text)
     observation = ep.observation
     if parsed.call is not None:
         step = ep.env.step(parsed.call)
         observation = step.observation
         ep.done, ep.success = step.done, step.success
-    ep.history.append(HistoryTurn(response_text=text, call=parsed.call, error=parsed.error,
+    ep.history.append(HistoryTurn(response_text=response.text, call=parsed.call, error=parsed.error,
                                   think=parsed.think, observation=observation))
-    if len(ep.history) >= max_turns:
-        ep.done = True
+    if response.prompt_ids is not None:
+        ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
+                             response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
+                             policy_version=response.policy_version, well_formed=parsed.well_formed,
+                             finish_reason=response.finish_reason))
+    if not ep.done and len(ep.history) >= max_turns:
+        ep.done, ep.truncated = True, "max_turns"
+
+
+def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
+    well_formed = [t.error is None for t in ep.history]
+    reward = episode_reward(rewards, ep.success, well_formed)
+    trajectory = None
+    if ep.turns:
+        turns = tuple(Turn(**{**t.__dict__, "turn_reward": r}) for t, r in zip(ep.turns, reward.per_turn))
+        trajectory = Trajectory(trajectory_id=ep.task.trajectory_id, group_id=ep.task.group_id or
+                                ep.task.trajectory_id.rsplit("/", 1)[0], split=ep.task.split,
+                                task_seed=ep.task.seed, task_type=ep.reset.info.task_type, turns=turns,
+                                success=ep.success, outcome_reward=reward.outcome, format_reward=reward.format)
+    return EpisodeResult(task=ep.task, info=ep.reset.info, success=ep.success, num_turns=len(ep.history),
+                         num_format_errors=sum(not ok for ok in well_formed), reward=reward,
+                         truncated=ep.truncated, trajectory=trajectory)

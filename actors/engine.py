@@ -49,3 +49,7 @@ class InferenceEngine(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         """One response per prompt, in order."""
         ...
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        """Replace the weights (full state dict, HF parameter names); tag later generations `version`."""
+        ...

@@ -22,6 +22,15 @@ class HFEngine:
     def version(self) -> int:
         return self._version
 
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load full weights in place (HF names); later generations are tagged `version`."""
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        # Tied embeddings may arrive under either name; anything else missing is an error.
+        missing = [k for k in missing if k != "lm_head.weight" or not self.model.config.tie_word_embeddings]
+        if missing or unexpected:
+            raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self._version = version
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

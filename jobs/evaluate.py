@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from actors.agent_loop import EpisodeResult, LoopConfig
+from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
 from envs.babyai_text import BabyAITextConfig
 from envs.babyai_text.tasks import SPLITS, split_size
@@ -59,9 +59,9 @@ class EvaluateConfig(BaseModel):
             raise ValueError(f"split {self.split!r} has {size} tasks; first_seed + num_tasks exceeds it")
         return self
 
-    def tasks(self) -> list[tuple[str, int]]:
+    def tasks(self) -> list[EpisodeTask]:
         count = self.num_tasks or split_size(self.split)
-        return [(self.split, self.first_seed + i) for i in range(count)]
+        return [EpisodeTask(self.split, self.first_seed + i) for i in range(count)]
 
 
 def summarize(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
@@ -113,7 +113,7 @@ def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], summary:
 
 def build_policy(config: EvaluateConfig):
     if config.policy == "expert":
-        from envs.babyai_text.expert import ExpertPolicy
+        from actors.expert import ExpertPolicy
 
         return ExpertPolicy()
     from actors.agent_loop import ModelPolicy
@@ -124,7 +124,7 @@ def build_policy(config: EvaluateConfig):
     model = load_model(config.model)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id,
                       stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id])
-    return ModelPolicy(engine, tokenizer, config.sampling)
+    return ModelPolicy(engine, tokenizer, config.sampling, config.loop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,18 @@
-"""The batched agent loop and the HF engine on the tiny model (no Ray)."""
+"""The batched agent loop, token-in/token-out prompts and the HF engine on the tiny model (no Ray)."""
 
 import math
 
 import pytest
 import torch
 
-from actors.agent_loop import LoopConfig, ModelPolicy, run_episodes
+from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, Response, run_episodes
 from actors.engine import SamplingConfig
+from actors.expert import ExpertPolicy
 from actors.hf_engine import HFEngine
+from buffer.expansion import can_pack, expand
 from envs.babyai_text import BabyAITextEnv
-from envs.babyai_text.expert import ExpertPolicy
+from envs.prompt import PromptConfig
+from envs.rewards import RewardConfig
 from learner.models import ModelConfig, load_model, load_tokenizer
 
 
@@ -19,8 +22,27 @@ class Scripted:
     def __init__(self, text):
         self.text = text
 
-    def respond(self, episodes, config):
-        return [self.text] * len(episodes)
+    def respond(self, episodes):
+        return [Response(self.text) for _ in episodes]
+
+
+class ScriptedTokens:
+    """A fixed tool call as tokens, so trajectories are recorded without sampling noise."""
+
+    def __init__(self, policy: ModelPolicy, text: str, finish_reason="stop"):
+        self.policy, self.text, self.finish_reason = policy, text, finish_reason
+        tok = policy.tokenizer
+        self.ids = tuple(tok.encode(text, add_special_tokens=False)) + \
+            ((policy.stop_id,) if finish_reason == "stop" else ())
+
+    def respond(self, episodes):
+        out = []
+        for ep in episodes:
+            prompt = self.policy._prompt_ids(ep)
+            r = Response(self.text, tuple(prompt), self.ids, tuple(-0.1 for _ in self.ids), self.finish_reason, 7)
+            ep.policy_state = r
+            out.append(r)
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -31,31 +53,76 @@ def engine_and_tokenizer():
     return engine, tok
 
 
+def tasks(split, seeds):
+    return [EpisodeTask(split, s) for s in seeds]
+
+
 def test_expert_policy_solves_tasks_batched():
-    tasks = [("eval50", s) for s in range(12)]
-    results = run_episodes(BabyAITextEnv, tasks, ExpertPolicy(), LoopConfig(max_turns=128), batch_size=5)
-    assert [(r.info.split, r.info.seed) for r in results] == tasks
-    assert all(r.success and r.num_format_errors == 0 for r in results)
+    results = run_episodes(BabyAITextEnv, tasks("eval50", range(12)), ExpertPolicy(), LoopConfig(max_turns=128),
+                           batch_size=5)
+    assert [(r.task.split, r.task.seed) for r in results] == [("eval50", s) for s in range(12)]
+    assert all(r.success and r.num_format_errors == 0 and r.truncated is None for r in results)
+    assert all(r.reward.total == 1.5 and r.trajectory is None for r in results)
 
 
 def test_strict_malformed_turns_do_not_act_and_end_at_max_turns():
-    results = run_episodes(BabyAITextEnv, [("train", 0), ("train", 1)], Scripted("turn left please"),
+    results = run_episodes(BabyAITextEnv, tasks("train", [0, 1]), Scripted("turn left please"),
                            LoopConfig(max_turns=4), batch_size=2)
     assert all(r.num_turns == 4 and r.num_format_errors == 4 and not r.success for r in results)
+    assert all(r.truncated == "max_turns" and r.reward.total == -1.5 for r in results)
 
 
 def test_gentle_malformed_turns_act_through_the_fallback():
     env = BabyAITextEnv()
-    seen = []
-
-    def make_env():
-        seen.append(env)
-        return env
-
-    results = run_episodes(make_env, [("train", 0)], Scripted("hmm... go forward"),
-                           LoopConfig(max_turns=3, parser_mode="gentle"), batch_size=1)
+    loop = LoopConfig(max_turns=3, parser_mode="gentle", rewards=RewardConfig.gentle())
+    results = run_episodes(lambda: env, tasks("train", [0]), Scripted("hmm... go forward"), loop, batch_size=1)
     assert results[0].num_format_errors == 3
     assert env.level.step_count == 3  # every malformed turn still stepped the environment
+    assert results[0].reward.per_turn == (-0.1, -0.1, -0.1)
+
+
+def test_token_in_token_out_prompts_extend_each_other(engine_and_tokenizer):
+    engine, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=5, prompt=PromptConfig(history_window="all"))
+    policy = ModelPolicy(engine, tok, SamplingConfig(), loop)
+    # The model writes the call without Qwen3's newlines: the next prompt keeps those exact tokens.
+    scripted = ScriptedTokens(policy, '<tool_call>{"name":"turn_left","arguments":{}}</tool_call>')
+    result = run_episodes(BabyAITextEnv, tasks("train", [3]), scripted, loop)[0]
+    traj = result.trajectory
+    assert traj.num_turns == 5 and result.truncated == "max_turns"
+    for prev, nxt in zip(traj.turns, traj.turns[1:]):
+        assert nxt.prompt_ids[:len(prev.prompt_ids) + len(prev.response_ids)] == prev.prompt_ids + prev.response_ids
+        assert all(t.policy_version == 7 and t.well_formed for t in traj.turns)
+    assert can_pack(expand(traj))
+    # What follows the response is exactly what the chat template adds: decode and compare.
+    text = tok.decode(traj.turns[1].prompt_ids[len(traj.turns[0].prompt_ids) + len(traj.turns[0].response_ids):])
+    assert text.startswith("\n<|im_start|>user\n<tool_response>\n") and text.endswith("<|im_start|>assistant\n")
+    assert (traj.trajectory_id, traj.group_id, traj.task_type) == ("train:3/0", "train:3", result.info.task_type)
+
+
+def test_truncated_responses_are_closed_and_windowed_prompts_re_rendered(engine_and_tokenizer):
+    engine, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=4, prompt=PromptConfig(history_window=1))
+    policy = ModelPolicy(engine, tok, SamplingConfig(), loop)
+    scripted = ScriptedTokens(policy, '<tool_call>{"name": "turn_left", "arguments": {}}</tool_call>',
+                              finish_reason="length")
+    traj = run_episodes(BabyAITextEnv, tasks("train", [3]), scripted, loop)[0].trajectory
+    first, second, third = traj.turns[:3]
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.response_ids) + 1] == \
+        first.prompt_ids + first.response_ids + (policy.stop_id,)
+    assert all(t.finish_reason == "length" for t in traj.turns)
+    # Turn 3 shows only 1 of 2 past turns: re-rendered, so it no longer extends turn 2.
+    assert third.prompt_ids[:len(second.prompt_ids)] != second.prompt_ids
+    assert "(1 earlier turn not shown.)" in tok.decode(third.prompt_ids)
+
+
+def test_context_limit_ends_the_episode_as_truncated(engine_and_tokenizer):
+    engine, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=10, max_context_tokens=700)
+    policy = ModelPolicy(engine, tok, SamplingConfig(max_new_tokens=40, seed=0), loop)
+    result = run_episodes(BabyAITextEnv, tasks("train", [0]), policy, loop)[0]
+    assert result.truncated == "context"
+    assert all(len(t.prompt_ids) + len(t.response_ids) <= 700 for t in result.trajectory.turns)
 
 
 def test_hf_engine_generates_until_stop_with_logprobs(engine_and_tokenizer):
@@ -83,23 +150,44 @@ def test_hf_engine_left_padding_matches_single_prompts(engine_and_tokenizer):
 
 
 def test_hf_engine_logprobs_match_a_forward_pass(engine_and_tokenizer):
-    """Greedy log-probs are the model's own distribution: recompute them with one forward pass."""
+    """Sampling log-probs at T=0.7 are the tempered distribution: recompute them with one forward pass."""
     engine, tok = engine_and_tokenizer
     prompt = tok.encode("You see a wall 1 step left", add_special_tokens=False)
-    g = engine.generate([prompt], SamplingConfig(temperature=0.0, max_new_tokens=6))[0]
+    g = engine.generate([prompt], SamplingConfig(temperature=0.7, max_new_tokens=6, seed=3))[0]
     ids = torch.tensor([prompt + list(g.token_ids)])
     with torch.no_grad():
         logits = engine.model(ids).logits[0, len(prompt) - 1:-1]
-    ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+    ref = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(ref, torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_hf_engine_weight_update_changes_outputs_and_version(engine_and_tokenizer):
+    _, tok = engine_and_tokenizer
+    engine = HFEngine(load_model(ModelConfig(path="tiny:nano")), tok.pad_token_id,
+                      [tok.convert_tokens_to_ids("<|im_end|>")])
+    other = load_model(ModelConfig(path="tiny:nano", seed=5))
+    prompt = [tok.encode("You see a grey key 1 step left", add_special_tokens=False)]
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    before = engine.generate(prompt, greedy)[0]
+    engine.update_weights(other.state_dict(), version=3)
+    after = engine.generate(prompt, greedy)[0]
+    reference = HFEngine(other, tok.pad_token_id, engine.stop_token_ids).generate(prompt, greedy)[0]
+    assert engine.version == 3 and after == reference and after.logprobs != before.logprobs
+    with pytest.raises(ValueError, match="do not match"):
+        engine.update_weights({"nope": torch.zeros(1)}, version=4)
 
 
 def test_model_policy_runs_episodes(engine_and_tokenizer):
     engine, tok = engine_and_tokenizer
-    policy = ModelPolicy(engine, tok, SamplingConfig(temperature=1.0, max_new_tokens=16, seed=1))
-    results = run_episodes(BabyAITextEnv, [("eval50", 0), ("eval50", 1)], policy, LoopConfig(max_turns=2),
-                           batch_size=2)
+    loop = LoopConfig(max_turns=2)
+    policy = ModelPolicy(engine, tok, SamplingConfig(temperature=1.0, max_new_tokens=16, seed=1), loop)
+    results = run_episodes(BabyAITextEnv, tasks("eval50", [0, 1]), policy, loop, batch_size=2)
     assert len(results) == 2 and all(1 <= r.num_turns <= 2 for r in results)
+    for r in results:
+        assert r.trajectory.num_turns == r.num_turns
+        assert all(len(t.response_ids) == len(t.behaviour_logprobs) for t in r.trajectory.turns)
+    with pytest.raises(ValueError, match="end-of-turn token"):
+        ModelPolicy(engine, tok, SamplingConfig(), loop, stop_token="<|nope|>")
 
 
 def test_engine_rejects_bad_input(engine_and_tokenizer):

@@ -17,7 +17,7 @@ def test_yaml_then_overrides(tmp_path):
     path.write_text("split: eval\nnum_tasks: 4\nloop:\n  max_turns: 3\n")
     cfg = load_config(EvaluateConfig, path, ["loop.max_turns=5"])
     assert (cfg.split, cfg.num_tasks, cfg.loop.max_turns) == ("eval", 4, 5)
-    assert cfg.tasks() == [("eval", 0), ("eval", 1), ("eval", 2), ("eval", 3)]
+    assert [(t.split, t.seed) for t in cfg.tasks()] == [("eval", 0), ("eval", 1), ("eval", 2), ("eval", 3)]
 
 
 @pytest.mark.parametrize("overrides, message", [

