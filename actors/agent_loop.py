@@ -16,6 +16,7 @@ re-rendered from messages; buffer.expansion detects those episodes before packin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
@@ -96,6 +97,8 @@ class EpisodeState:
     """Why the episode was cut short by the loop: 'max_turns' or 'context'; None otherwise."""
     policy_state: Any = None
     """Per-episode state a policy may keep (the model's token context, the expert's bot)."""
+    tag: Any = None
+    """The caller's label for this episode, returned with its result."""
 
     @property
     def observation(self) -> str:
@@ -197,33 +200,62 @@ class ModelPolicy:
         return self.tokenizer.encode(tail, add_special_tokens=False)
 
 
+class EpisodeRunner:
+    """Episodes in flight over a fixed set of environment slots, advanced one batched round at a time."""
+
+    def __init__(self, make_env: Callable[[], TextEnv], num_slots: int, config: LoopConfig) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.config = config
+        self._envs = [make_env() for _ in range(num_slots)]
+        self._parsers = [ToolCallParser(env.tools, config.parser_mode) for env in self._envs]
+        self._free = list(range(num_slots))[::-1]
+        self.running: list[EpisodeState] = []
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def start(self, task: EpisodeTask, tag: Any = None) -> None:
+        """Reset a free environment for `task`; `tag` comes back with the result."""
+        if not self._free:
+            raise RuntimeError("no free environment slot")
+        slot = self._free.pop()
+        env = self._envs[slot]
+        self.running.append(EpisodeState(slot=slot, task=task, env=env,
+                                         reset=env.reset(seed=task.seed, split=task.split), tag=tag))
+
+    def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
+        """One round: every running episode gets one response; returns (tag, result) of those that finished."""
+        if not self.running:
+            return []
+        responses = policy.respond(self.running)
+        finished, still = [], []
+        for ep, response in zip(self.running, responses):
+            _advance(ep, self._parsers[ep.slot], response, self.config.max_turns)
+            if ep.done:
+                finished.append((ep.tag, _finish(ep, self.config.rewards)))
+                self._free.append(ep.slot)
+            else:
+                still.append(ep)
+        self.running = still
+        return finished
+
+
 def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], policy: Policy, config: LoopConfig,
                  batch_size: int = 16, on_episode: Callable[[EpisodeResult], None] | None = None) -> list[EpisodeResult]:
     """Run every task once, `batch_size` episodes at a time; results in task order."""
-    envs = [make_env() for _ in range(min(batch_size, len(tasks)))]
-    parsers = [ToolCallParser(env.tools, config.parser_mode) for env in envs]
+    runner = EpisodeRunner(make_env, min(batch_size, max(len(tasks), 1)), config)
+    pending = list(enumerate(tasks))[::-1]
     results: list[EpisodeResult | None] = [None] * len(tasks)
-    next_task = 0
-    running: dict[int, EpisodeState] = {}
-    free = list(range(len(envs)))
-    while next_task < len(tasks) or running:
-        while free and next_task < len(tasks):
-            slot = free.pop()
-            task = tasks[next_task]
-            running[next_task] = EpisodeState(slot=slot, task=task, env=envs[slot],
-                                              reset=envs[slot].reset(seed=task.seed, split=task.split))
-            next_task += 1
-        order = list(running)
-        responses = policy.respond([running[i] for i in order])
-        for index, response in zip(order, responses):
-            ep = running[index]
-            _advance(ep, parsers[ep.slot], response, config.max_turns)
-            if ep.done:
-                results[index] = _finish(ep, config.rewards)
-                free.append(ep.slot)
-                del running[index]
-                if on_episode is not None:
-                    on_episode(results[index])
+    while pending or runner.running:
+        while pending and runner.num_free:
+            index, task = pending.pop()
+            runner.start(task, tag=index)
+        for index, result in runner.step(policy):
+            results[index] = result
+            if on_episode is not None:
+                on_episode(result)
     return [r for r in results if r is not None]
 
 
@@ -243,7 +275,9 @@ def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_t
         ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
                              response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
                              policy_version=response.policy_version, well_formed=parsed.well_formed,
-                             finish_reason=response.finish_reason))
+                             finish_reason=response.finish_reason,
+                             executed_call=None if parsed.call is None else
+                             json.dumps({"name": parsed.call.name, "arguments": parsed.call.arguments})))
     if not ep.done and len(ep.history) >= max_turns:
         ep.done, ep.truncated = True, "max_turns"
 
@@ -257,7 +291,8 @@ def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
         trajectory = Trajectory(trajectory_id=ep.task.trajectory_id, group_id=ep.task.group_id or
                                 ep.task.trajectory_id.rsplit("/", 1)[0], split=ep.task.split,
                                 task_seed=ep.task.seed, task_type=ep.reset.info.task_type, turns=turns,
-                                success=ep.success, outcome_reward=reward.outcome, format_reward=reward.format)
+                                success=ep.success, outcome_reward=reward.outcome, format_reward=reward.format,
+                                task=ep.reset.task)
     return EpisodeResult(task=ep.task, info=ep.reset.info, success=ep.success, num_turns=len(ep.history),
                          num_format_errors=sum(not ok for ok in well_formed), reward=reward,
                          truncated=ep.truncated, trajectory=trajectory)

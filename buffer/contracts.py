@@ -39,6 +39,8 @@ class Turn:
     """Reward attributed to this turn (gentle format penalty, judge score)."""
     finish_reason: str = "stop"
     """'stop' (end-of-turn token), 'length' (max new tokens) or 'context' (context limit)."""
+    executed_call: str | None = None
+    """JSON {"name", "arguments"} of the tool call the environment executed; None if nothing acted."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -76,6 +78,8 @@ class Trajectory:
     """TCOD horizon k in force when the episode ran; None without a curriculum."""
     advantage: float | None = None
     """Episode advantage set by the algorithm's group-end hook; None until then."""
+    task: str = ""
+    """The instruction text (privileged-context retrieval matches against it)."""
 
     @property
     def num_turns(self) -> int:
@@ -152,13 +156,13 @@ TURN_TYPE = pa.struct([
     ("turn_index", pa.int32()), ("prompt_ids", _TOKENS), ("response_ids", _TOKENS),
     ("behaviour_logprobs", _LOGPROBS), ("policy_version", pa.int64()), ("teacher_logprobs", _LOGPROBS),
     ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
-    ("finish_reason", pa.string()),
+    ("finish_reason", pa.string()), ("executed_call", pa.string()),
 ])
 TRAJECTORY_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),
     ("task_seed", pa.int64()), ("task_type", pa.string()), ("turns", pa.list_(TURN_TYPE)),
     ("success", pa.bool_()), ("outcome_reward", pa.float64()), ("format_reward", pa.float64()),
-    ("horizon_k", pa.int32()), ("advantage", pa.float64()),
+    ("horizon_k", pa.int32()), ("advantage", pa.float64()), ("task", pa.string()),
 ])
 """Arrow schema of a batch of trajectories; turns are a nested list of structs."""
 

@@ -39,7 +39,8 @@ def turns(draw, index):
                 behaviour_logprobs=draw(logps), policy_version=draw(st.integers(0, 10**6)),
                 teacher_logprobs=draw(st.none() | logps), trainable=draw(st.booleans()),
                 well_formed=draw(st.booleans()), turn_reward=draw(st.floats(-1, 1)),
-                finish_reason=draw(st.sampled_from(["stop", "length", "context"])))
+                finish_reason=draw(st.sampled_from(["stop", "length", "context"])),
+                executed_call=draw(st.none() | st.just('{"name": "drop", "arguments": {}}')))
 
 
 @st.composite
@@ -50,7 +51,8 @@ def trajectories(draw):
                       task_type=draw(st.sampled_from(["go_to", "open"])),
                       turns=tuple(draw(turns(i)) for i in range(num_turns)), success=draw(st.booleans()),
                       outcome_reward=draw(st.floats(-1, 1)), format_reward=draw(st.floats(-1, 1)),
-                      horizon_k=draw(st.none() | st.integers(1, 30)), advantage=draw(st.none() | st.floats(-5, 5)))
+                      horizon_k=draw(st.none() | st.integers(1, 30)), advantage=draw(st.none() | st.floats(-5, 5)),
+                      task=draw(st.text(max_size=10)))
 
 
 @settings(max_examples=100, deadline=None)

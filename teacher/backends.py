@@ -1,0 +1,78 @@
+"""The `TeacherBackend` seam and its model backends (HF transformers, vLLM prompt log-probs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score a student response under the teacher, in the teacher's own context."""
+
+    prompt_ids: tuple[int, ...]
+    """Teacher prompt (may hold privileged context), shape [num_prompt_tokens]."""
+    response_ids: tuple[int, ...]
+    """The student's exact response tokens, shape [num_response_tokens]."""
+
+
+class TeacherBackend(Protocol):
+    """Per-token log-probs of responses under a teacher model."""
+
+    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
+        """One tuple per request, one log-prob per response token."""
+        ...
+
+
+class HFTeacherBackend:
+    """A transformers causal LM; requests are packed into forward passes under a token budget."""
+
+    def __init__(self, model, pad_token_id: int, max_batch_tokens: int = 16384) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.max_batch_tokens = max_batch_tokens
+
+    @torch.no_grad()
+    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
+        def length(i: int) -> int:
+            return len(requests[i].prompt_ids) + len(requests[i].response_ids)
+
+        # Longest first, so each batch's padded width is its first request's length.
+        batches: list[list[int]] = []
+        for i in sorted(range(len(requests)), key=length, reverse=True):
+            if batches and length(batches[-1][0]) * (len(batches[-1]) + 1) <= self.max_batch_tokens:
+                batches[-1].append(i)
+            else:
+                batches.append([i])
+        out: list[tuple[float, ...]] = [()] * len(requests)
+        for batch in batches:
+            self._score_batch([requests[j] for j in batch], batch, out)
+        return out
+
+    def _score_batch(self, requests: list[ScoreRequest], indices: list[int], out: list) -> None:
+        seqs = [list(r.prompt_ids) + list(r.response_ids) for r in requests]
+        width = max(len(s) for s in seqs)
+        device = next(self.model.parameters()).device
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, :len(s)] = torch.tensor(s)
+            mask[row, :len(s)] = 1
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()
+        for row, (r, i) in enumerate(zip(requests, indices)):
+            start = len(r.prompt_ids) - 1
+            out[i] = tuple(logp[row, start:start + len(r.response_ids)].tolist())
+
+
+class VLLMTeacherBackend:
+    """vLLM prompt log-probs over teacher prompt + student response (actors.vllm_engine.VLLMEngine)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
+        return self.engine.score([list(r.prompt_ids) + list(r.response_ids) for r in requests],
+                                 [len(r.response_ids) for r in requests])

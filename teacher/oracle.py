@@ -1,0 +1,107 @@
+"""The BabyAI bot as an oracle teacher: a token-level distribution over canonical tool calls.
+
+For turn k the environment is replayed from (split, seed) through the tool calls executed
+in turns < k, and the BabyAI bot, advised of each executed action as it goes, names the
+action a* it would take. Let R_a be the token ids of the canonical response for tool a
+(`<tool_call>\n{"name": a, "arguments": {}}\n</tool_call>` then the end-of-turn token).
+The teacher is a mixture over those six responses, prior p(a*) = 1 - δ and δ/5 for the
+others (uniform when the bot has no action), smoothed with ε over a vocabulary of size V:
+
+    p_T(y_t | y_<t) = (1 - ε) * Σ_{a ∈ C_t, R_a[t] = y_t} p(a) / Σ_{a ∈ C_t} p(a)  +  ε / V,
+
+where C_t = {a : R_a starts with y_<t and is longer than t} are the responses the student's
+prefix still follows. Once the prefix follows none of them (the student diverged from every
+valid call: free text, a <think> block, another spelling), the teacher is uniform: 1 / V.
+So tokens that choose the bot's action get log-prob near 0, tokens that choose another
+valid action about log(δ/5), formatting tokens of any valid call near 0, and anything after
+leaving the valid set log(1/V).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from minigrid.utils.baby_ai_bot import DisappearedBoxError
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.contracts import Trajectory
+from envs.babyai_text import BabyAIExpert, BabyAITextConfig, BabyAITextEnv
+from envs.babyai_text.env import ACTION_TOOLS
+from envs.parser import format_tool_call
+from envs.protocol import ToolCall
+
+
+class OracleConfig(BaseModel):
+    """Smoothing of the oracle teacher's distribution."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action_smoothing: float = Field(default=0.02, gt=0, lt=1)
+    """δ: prior mass spread over the actions the bot did not choose."""
+    token_smoothing: float = Field(default=1e-3, gt=0, lt=1)
+    """ε: mass spread uniformly over the vocabulary at every position."""
+
+
+class BabyAIOracleTeacher:
+    """Scores BabyAI-Text trajectories with the bot; needs the student's tokenizer."""
+
+    def __init__(self, tokenizer, config: OracleConfig, env_config: BabyAITextConfig | None = None,
+                 stop_token: str = "<|im_end|>") -> None:
+        self.config = config
+        self.env = BabyAITextEnv(env_config)
+        self.vocab_size = len(tokenizer)
+        stop = tokenizer.convert_tokens_to_ids(stop_token)
+        self.responses = {name: tuple(tokenizer.encode(format_tool_call(ToolCall(name)), add_special_tokens=False))
+                          + (stop,) for name, _ in ACTION_TOOLS}
+
+    def bot_actions(self, trajectory: Trajectory) -> list[str | None]:
+        """The bot's action at the start of each turn, replaying the executed calls."""
+        self.env.reset(trajectory.task_seed, trajectory.split)
+        expert = BabyAIExpert(self.env)
+        suggestion: str | None = None
+        pending: str | None = None
+        first = True
+        actions = []
+        for turn in trajectory.turns:
+            if expert is not None and (first or pending is not None):
+                try:
+                    suggestion = expert.act(pending)
+                except DisappearedBoxError:
+                    # The student opened a box the bot needed: it has no plan any more.
+                    expert, suggestion = None, None
+            first = False
+            actions.append(suggestion)
+            pending = None
+            if turn.executed_call is not None:
+                call = json.loads(turn.executed_call)
+                step = self.env.step(ToolCall(call["name"], call["arguments"]))
+                pending = call["name"]
+                if step.done:
+                    expert = None
+        return actions
+
+    def token_logprobs(self, response_ids: tuple[int, ...], bot_action: str | None) -> tuple[float, ...]:
+        """log p_T of each response token given the bot's action (see the module docstring)."""
+        n = len(self.responses)
+        delta = self.config.action_smoothing
+        prior = {a: (1 - delta if a == bot_action else delta / (n - 1)) if bot_action else 1 / n
+                 for a in self.responses}
+        eps, uniform = self.config.token_smoothing, 1.0 / self.vocab_size
+        alive = set(self.responses)
+        out = []
+        for t, y in enumerate(response_ids):
+            alive = {a for a in alive if len(self.responses[a]) > t}
+            if not alive:
+                out.append(math.log(uniform))
+                continue
+            total = sum(prior[a] for a in alive)
+            match = sum(prior[a] for a in alive if self.responses[a][t] == y)
+            out.append(math.log((1 - eps) * match / total + eps * uniform))
+            alive = {a for a in alive if self.responses[a][t] == y}
+        return tuple(out)
+
+    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
+        """Teacher log-probs per turn of each trajectory."""
+        return [[self.token_logprobs(turn.response_ids, action)
+                 for turn, action in zip(t.turns, self.bot_actions(t))] for t in trajectories]

@@ -1,0 +1,214 @@
+"""The teacher-logprob service: a Ray actor that micro-batches scoring requests.
+
+Rollout workers send finished trajectories while OPD is on; each request waits in a queue
+until a batch is full (`max_batch_turns`) or the oldest request has waited
+`batch_window_s`; the batch is scored in one call on a worker thread, so the actor keeps
+accepting requests meanwhile, and each caller gets its trajectories back with
+`teacher_logprobs` filled in. Batching across workers is what makes teacher scoring cheap
+(benchmarks/teacher_throughput.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import deque
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.contracts import Trajectory
+from learner.models import ModelConfig
+from teacher.backends import ScoreRequest, TeacherBackend
+from teacher.oracle import OracleConfig
+from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
+
+
+class TeacherConfig(BaseModel):
+    """The teacher and how its requests are batched."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["oracle", "hf", "vllm"] = "oracle"
+    model: ModelConfig = ModelConfig()
+    """Teacher weights (hf and vllm backends); must share the student's tokenizer."""
+    oracle: OracleConfig = OracleConfig()
+    skills: tuple[Skill, ...] = ()
+    """Privileged context: skills shown to the teacher when their keywords occur in the task."""
+    max_skills: int = Field(default=3, ge=1)
+    max_batch_turns: int = Field(default=256, ge=1)
+    """Close a batch once it holds this many turns."""
+    batch_window_s: float = Field(default=0.02, ge=0)
+    """Close a batch once its oldest request waited this long."""
+    max_batch_tokens: int = Field(default=32768, ge=1)
+    """Token budget of one forward pass (hf backend)."""
+
+
+class TrajectoryScorer(Protocol):
+    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
+        ...
+
+
+class ModelTeacher:
+    """A model backend scoring every turn, in the teacher's (possibly privileged) context."""
+
+    def __init__(self, backend: TeacherBackend, prompts: TeacherPromptBuilder | None = None) -> None:
+        self.backend = backend
+        self.prompts = prompts
+
+    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
+        requests, shape = [], []
+        for t in trajectories:
+            shape.append(t.num_turns)
+            for turn in t.turns:
+                prompt = turn.prompt_ids if self.prompts is None else self.prompts.teacher_prompt(turn.prompt_ids, t.task)
+                requests.append(ScoreRequest(prompt, turn.response_ids))
+        scores = self.backend.score(requests)
+        out, i = [], 0
+        for n in shape:
+            out.append(scores[i:i + n])
+            i += n
+        return out
+
+
+def check_same_tokenizer(student, teacher) -> None:
+    """Teacher log-probs are compared token by token with the student's: the vocabularies must match."""
+    if student.get_vocab() != teacher.get_vocab():
+        s, t = student.get_vocab(), teacher.get_vocab()
+        diff = sorted(set(s.items()) ^ set(t.items()))[:5]
+        raise ValueError(f"student and teacher tokenizers differ ({len(s)} vs {len(t)} tokens; e.g. {diff}); "
+                         f"OPD scores the student's exact tokens, so both must use the same tokenizer")
+    for name in ("eos_token", "pad_token"):
+        if getattr(student, name) != getattr(teacher, name):
+            raise ValueError(f"student and teacher tokenizers differ in {name}: "
+                             f"{getattr(student, name)!r} vs {getattr(teacher, name)!r}")
+
+
+def with_teacher_logprobs(trajectory: Trajectory, scores: list[tuple[float, ...]]) -> Trajectory:
+    turns = tuple(dataclasses.replace(turn, teacher_logprobs=tuple(s)) for turn, s in zip(trajectory.turns, scores))
+    return dataclasses.replace(trajectory, turns=turns)
+
+
+def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_prompt: str, env_tools) -> TrajectoryScorer:
+    """The scorer a TeacherService runs; checks the tokenizers before anything is scored."""
+    from learner.models import load_model, load_tokenizer, resolve_model_dir
+
+    student_tok = load_tokenizer(student_model)
+    if config.backend == "oracle":
+        from teacher.oracle import BabyAIOracleTeacher
+
+        return BabyAIOracleTeacher(student_tok, config.oracle)
+    teacher_tok = load_tokenizer(config.model)
+    check_same_tokenizer(student_tok, teacher_tok)
+    prompts = None
+    if config.skills:
+        prompts = TeacherPromptBuilder(teacher_tok, env_system_prompt, env_tools,
+                                       SkillBank(list(config.skills), config.max_skills))
+    if config.backend == "hf":
+        from teacher.backends import HFTeacherBackend
+
+        backend = HFTeacherBackend(load_model(config.model), teacher_tok.pad_token_id, config.max_batch_tokens)
+    else:
+        from actors.vllm_engine import VLLMConfig, VLLMEngine
+        from teacher.backends import VLLMTeacherBackend
+
+        engine = VLLMEngine(resolve_model_dir(config.model), VLLMConfig(),
+                            [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
+        backend = VLLMTeacherBackend(engine)
+    return ModelTeacher(backend, prompts)
+
+
+class TeacherService:
+    """Async actor body: `score` requests are micro-batched across callers."""
+
+    def __init__(self, config: TeacherConfig, scorer: TrajectoryScorer) -> None:
+        self.config = config
+        self.scorer = scorer
+        self._queue: deque[tuple[list[Trajectory], asyncio.Future, float]] = deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._latencies: deque[float] = deque(maxlen=2048)
+        self._num_requests = self._num_batches = self._num_turns = 0
+        self._batch_sizes: deque[int] = deque(maxlen=2048)
+
+    async def score(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """The trajectories with teacher log-probs on every turn."""
+        loop = asyncio.get_running_loop()
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._batcher())
+        future = loop.create_future()
+        self._queue.append((trajectories, future, time.monotonic()))
+        self._num_requests += 1
+        self._wake.set()
+        return await future
+
+    async def _batcher(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            oldest = self._queue[0][2]
+            while self._queued_turns() < self.config.max_batch_turns:
+                remaining = oldest + self.config.batch_window_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch, turns = [], 0
+            while self._queue and (not batch or turns + sum(t.num_turns for t in self._queue[0][0])
+                                   <= self.config.max_batch_turns):
+                item = self._queue.popleft()
+                batch.append(item)
+                turns += sum(t.num_turns for t in item[0])
+            trajectories = [t for item in batch for t in item[0]]
+            try:
+                scores = await loop.run_in_executor(None, self.scorer.score_trajectories, trajectories)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting caller, not swallowed
+                for _, future, _ in batch:
+                    future.set_exception(exc)
+                continue
+            self._num_batches += 1
+            self._num_turns += turns
+            self._batch_sizes.append(turns)
+            now, i = time.monotonic(), 0
+            for trajs, future, start in batch:
+                future.set_result([with_teacher_logprobs(t, s) for t, s in zip(trajs, scores[i:i + len(trajs)])])
+                i += len(trajs)
+                self._latencies.append(now - start)
+
+    def _queued_turns(self) -> int:
+        return sum(t.num_turns for item in self._queue for t in item[0])
+
+    async def stats(self) -> dict[str, float]:
+        lat = np.array(self._latencies) if self._latencies else np.zeros(1)
+        return {
+            "num_requests": self._num_requests,
+            "num_batches": self._num_batches,
+            "num_turns_scored": self._num_turns,
+            "mean_batch_turns": float(np.mean(self._batch_sizes)) if self._batch_sizes else 0.0,
+            "queue_depth": len(self._queue),
+            "latency_p50_s": float(np.percentile(lat, 50)),
+            "latency_p99_s": float(np.percentile(lat, 99)),
+        }
+
+
+class _ServiceActor(TeacherService):
+    """Builds its own scorer inside the actor (models load where they run)."""
+
+    def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools) -> None:
+        super().__init__(config, build_scorer(config, student_model, system_prompt, tools))
+
+
+def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools, **options):
+    """Start a TeacherService actor."""
+    import ray
+
+    options.setdefault("num_cpus", 1)
+    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools)

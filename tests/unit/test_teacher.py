@@ -1,0 +1,185 @@
+"""Teacher backends, the oracle distribution, privileged context, micro-batching (no Ray)."""
+
+import asyncio
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, run_episodes
+from actors.engine import SamplingConfig
+from actors.hf_engine import HFEngine
+from buffer.contracts import Trajectory, Turn
+from envs.babyai_text import BabyAIExpert, BabyAITextEnv
+from envs.parser import format_tool_call
+from envs.protocol import ToolCall
+from learner.models import ModelConfig, load_model, load_tokenizer
+from teacher.backends import HFTeacherBackend, ScoreRequest
+from teacher.oracle import BabyAIOracleTeacher, OracleConfig
+from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
+from teacher.service import ModelTeacher, TeacherConfig, TeacherService, check_same_tokenizer
+
+NANO = ModelConfig(path="tiny:nano")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(NANO)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(NANO)
+
+
+def expert_trajectory(tok, seed, deviate_at=None, num_turns=8):
+    """Bot actions as turns (optionally one wrong action), with executed calls recorded."""
+    env = BabyAITextEnv()
+    reset = env.reset(seed, "train")
+    expert, last, turns, end = BabyAIExpert(env), None, [], tok.convert_tokens_to_ids("<|im_end|>")
+    for k in range(num_turns):
+        action = expert.act(last)
+        if k == deviate_at:
+            action = "turn_right" if action != "turn_right" else "turn_left"
+        text = format_tool_call(ToolCall(action))
+        ids = tuple(tok.encode(text, add_special_tokens=False)) + (end,)
+        turns.append(Turn(k, (1, 2, 3), ids, tuple(-1.0 for _ in ids), 0,
+                          executed_call=json.dumps({"name": action, "arguments": {}})))
+        step = env.step(ToolCall(action))
+        last = action
+        if step.done:
+            break
+    return Trajectory(f"t{seed}", "g", "train", seed, reset.info.task_type, tuple(turns), step.success, 1.0, 0.5,
+                      task=reset.task)
+
+
+def test_oracle_rewards_the_bots_action_and_valid_format(tok):
+    oracle = BabyAIOracleTeacher(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
+    traj = expert_trajectory(tok, seed=0)
+    actions = oracle.bot_actions(traj)
+    for turn, action in zip(traj.turns, actions):
+        assert json.loads(turn.executed_call)["name"] == action
+        logps = oracle.token_logprobs(turn.response_ids, action)
+        assert len(logps) == len(turn.response_ids)
+        assert all(lp > math.log(0.97) for lp in logps)  # following the bot costs almost nothing
+    # Another valid action: only the token that picks it is expensive; the format tokens stay cheap.
+    right = oracle.responses["turn_right"]
+    logps = oracle.token_logprobs(right, "turn_left")
+    cheap = [lp > math.log(0.97) for lp in logps]
+    assert cheap.count(False) == 1 and math.log(0.02 / 5) - 0.1 < min(logps) < math.log(0.02 / 5) + 0.1
+    # Free text leaves every valid response: uniform from the first divergent token on.
+    junk = tuple(tok.encode("I am thinking about it", add_special_tokens=False))
+    junk_lp = oracle.token_logprobs(junk, "turn_left")
+    assert junk_lp[-1] == pytest.approx(-math.log(len(tok)))
+    # No bot action (mission believed done): the prior over actions is uniform, 1/6 per whole call.
+    assert sum(oracle.token_logprobs(right, None)) == pytest.approx(math.log(1 / 6), abs=0.02)
+    # The sequence-level probability of the bot's call is 1 - δ (up to ε).
+    assert sum(oracle.token_logprobs(oracle.responses["toggle"], "toggle")) == pytest.approx(math.log(0.98), abs=0.02)
+
+
+def test_oracle_replays_executed_calls_and_advises_after_a_deviation(tok):
+    oracle = BabyAIOracleTeacher(tok, OracleConfig())
+    straight = expert_trajectory(tok, seed=0)
+    deviated = expert_trajectory(tok, seed=0, deviate_at=2)
+    a, b = oracle.bot_actions(straight), oracle.bot_actions(deviated)
+    assert a[:3] == b[:3]
+    # The bot saw the wrong turn and plans from the new state: it now wants to undo or re-route.
+    assert b[3] is not None
+    assert json.loads(deviated.turns[2].executed_call)["name"] != b[2]
+
+
+def test_hf_backend_matches_a_forward_pass(tok, model):
+    backend = HFTeacherBackend(model, tok.pad_token_id, max_batch_tokens=40)
+    reqs = [ScoreRequest(tuple(tok.encode("You see a wall", add_special_tokens=False)),
+                         tuple(tok.encode(" 2 steps forward", add_special_tokens=False))),
+            ScoreRequest((5, 6, 7, 8, 9, 10, 11, 12), (13, 14)),
+            ScoreRequest((3,), (4, 5, 6))]
+    scores = backend.score(reqs)
+    for r, s in zip(reqs, scores):
+        ids = torch.tensor([list(r.prompt_ids) + list(r.response_ids)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        ref = logp[len(r.prompt_ids) - 1:]
+        assert len(s) == len(r.response_ids) and torch.allclose(torch.tensor(s), ref, atol=1e-5)
+
+
+def test_privileged_context_changes_only_the_system_turn(tok, model):
+    env = BabyAITextEnv()
+    bank = SkillBank([Skill(keywords=("door",), text="A locked door opens with the key of its colour."),
+                      Skill(keywords=("ball",), text="Balls can be picked up.")])
+    builder = TeacherPromptBuilder(tok, env.system_prompt, env.tools, bank)
+    loop = LoopConfig(max_turns=2)
+    policy = ModelPolicy(HFEngine(model, tok.pad_token_id, [tok.convert_tokens_to_ids("<|im_end|>")]), tok,
+                         SamplingConfig(max_new_tokens=8, seed=0), loop)
+    traj = run_episodes(BabyAITextEnv, [EpisodeTask("train", 0)], policy, loop)[0].trajectory
+    assert "door" in traj.task
+    student = traj.turns[1].prompt_ids
+    teacher = builder.teacher_prompt(student, traj.task)
+    text = tok.decode(teacher)
+    assert "Skills that help with this task:\n- A locked door opens" in text and "Balls" not in text
+    assert tok.decode(student) == text.replace(
+        "\n\nSkills that help with this task:\n- A locked door opens with the key of its colour.", "")
+    assert builder.teacher_prompt(student, "pick up the red key") == student  # nothing retrieved
+    with pytest.raises(ValueError, match="system turn"):
+        builder.teacher_prompt((1, 2, 3) + student, traj.task)
+    scorer = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id), builder)
+    scores = scorer.score_trajectories([traj])[0]
+    assert [len(s) for s in scores] == [len(t.response_ids) for t in traj.turns]
+    plain = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id)).score_trajectories([traj])[0]
+    assert scores != plain  # the context changed the teacher's view
+
+
+def test_tokenizer_mismatch_is_refused(tok, tmp_path):
+    other = load_tokenizer(NANO)
+    other.add_tokens(["<extra>"])
+    with pytest.raises(ValueError, match="tokenizers differ"):
+        check_same_tokenizer(tok, other)
+    check_same_tokenizer(tok, load_tokenizer(NANO))
+
+
+class CountingScorer:
+    def __init__(self):
+        self.calls = []
+
+    def score_trajectories(self, trajectories):
+        self.calls.append(len(trajectories))
+        return [[tuple(-0.5 for _ in turn.response_ids) for turn in t.turns] for t in trajectories]
+
+
+def test_service_micro_batches_concurrent_requests(tok):
+    traj = expert_trajectory(tok, seed=1, num_turns=2)
+
+    async def main():
+        scorer = CountingScorer()
+        service = TeacherService(TeacherConfig(batch_window_s=0.2, max_batch_turns=1000), scorer)
+        results = await asyncio.gather(*[service.score([dataclasses.replace(traj, trajectory_id=str(i))])
+                                         for i in range(10)])
+        stats = await service.stats()
+        return scorer, results, stats
+
+    scorer, results, stats = asyncio.run(main())
+    assert scorer.calls == [10]  # ten callers, one scoring call
+    assert [r[0].trajectory_id for r in results] == [str(i) for i in range(10)]
+    assert all(t.teacher_logprobs == tuple(-0.5 for _ in t.response_ids) for r in results for t in r[0].turns)
+    assert stats["num_requests"] == 10 and stats["num_batches"] == 1 and stats["queue_depth"] == 0
+
+
+def test_service_respects_the_batch_size_and_reports_errors(tok):
+    traj = expert_trajectory(tok, seed=1, num_turns=2)
+
+    class Failing:
+        def score_trajectories(self, trajectories):
+            raise RuntimeError("teacher out of memory")
+
+    async def main():
+        scorer = CountingScorer()
+        service = TeacherService(TeacherConfig(batch_window_s=0.2, max_batch_turns=2 * traj.num_turns), scorer)
+        await asyncio.gather(*[service.score([traj]) for _ in range(5)])
+        failing = TeacherService(TeacherConfig(batch_window_s=0.0), Failing())
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await failing.score([traj])
+        return scorer
+
+    assert asyncio.run(main()).calls == [2, 2, 1]
