@@ -26,7 +26,7 @@ configure_loopback()
 
 import ray  # noqa: E402
 
-from buffer.actor import BufferConfig, create_buffer_actor, fetch_samples, put_trajectories  # noqa: E402
+from buffer.actor import BufferConfig, create_buffer_actor, encode_trajectories, fetch_samples  # noqa: E402
 from buffer.contracts import Trajectory, Turn, samples_to_table  # noqa: E402
 from buffer.core import Entry, RingBuffer  # noqa: E402
 from buffer.expansion import expand  # noqa: E402
@@ -60,7 +60,7 @@ class Producer:
         # Puts never wait on the buffer (back-pressure comes from admission, not from put).
         sent, acks = {}, []
         for group in self.groups(group_size):
-            batch = put_trajectories(group)
+            batch = encode_trajectories(group)
             sent.update((t.trajectory_id, time.time()) for t in group)
             acks.append(buffer.put.remote(batch))
         ray.get(acks)

@@ -1,11 +1,13 @@
 """The replay buffer as an async Ray actor, and the helpers producers and the learner call.
 
-Bytes stay in Ray's object store: a producer puts one Arrow table per batch of finished
-trajectories (`ray.put`, zero-copy for readers on the node) and sends the actor only a
-`SampleBatch` -- the table's reference, its rows and each row's policy version. The actor
-keeps one reference per table (released when its last row is consumed, evicted or dropped)
-and answers `get` with another `SampleBatch` naming a few tables and their rows; the
-learner reads those rows straight from the object store (`fetch_samples`).
+Bytes live in Ray's object store. A producer encodes one Arrow table per batch of finished
+trajectories (`encode_trajectories`: one contiguous IPC buffer) and passes it to `put`;
+Ray hands the actor a zero-copy view, and the actor puts it back into the object store
+under its own ownership -- so samples survive the death of the worker that produced them
+(an object dies with its owner) -- and keeps only that reference, the rows and their
+versions. It releases a table when its last row is consumed, evicted or dropped, and
+answers `get` with a `SampleBatch` naming a few tables and their rows; the learner reads
+those rows straight from the object store (`fetch_samples`).
 
 The actor runs the pure-Python core (buffer.core) in its single asyncio loop: put, admit
 and stats never wait; `get` waits on an event that every put sets, so it never busy-loops,
@@ -23,7 +25,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.contracts import SAMPLE_SCHEMA, Trajectory, samples_to_table
-from buffer.core import AdmissionController, Entry, RingBuffer, accepted_samples
+from buffer.core import AdmissionController, Entry, GroupLease, LeaseTable, RingBuffer, accepted_samples
 from buffer.expansion import expand
 
 
@@ -40,6 +42,20 @@ class BufferConfig(BaseModel):
     """B: samples the learner consumes per step (admission control's unit of room)."""
     samples_per_episode_prior: float = Field(default=4.0, gt=0)
     """Expected samples per episode until the first episodes finish."""
+
+
+@dataclass(frozen=True)
+class EncodedSamples:
+    """Samples on their way into the buffer: one encoded Arrow table and its rows' versions."""
+
+    data: np.ndarray
+    """encode_table's Arrow IPC bytes (SAMPLE_SCHEMA), uint8, shape [num_bytes]."""
+    policy_versions: tuple[int, ...]
+    """Policy version of each row, shape [num_samples]."""
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.policy_versions)
 
 
 @dataclass(frozen=True)
@@ -79,20 +95,53 @@ class ReplayBuffer:
                                                             on_discard=lambda e: self._release(e.payload[0]))
         self._admission = AdmissionController(config.batch_size, config.max_staleness,
                                               config.samples_per_episode_prior)
+        self._leases = LeaseTable()
+        self._num_duplicates = 0
         self._version = 0
         self._new_data = asyncio.Event()
 
-    async def put(self, batch: SampleBatch, num_episodes: int = 0) -> int:
+    async def admit_group(self, lease: GroupLease) -> bool:
+        """Admit a whole group of `lease.group_size` episodes, or refuse (the caller waits and retries)."""
+        if not self._admission.admit(lease.group_size, self._version, accepted_samples(self._ring),
+                                     all_or_nothing=True):
+            return False
+        self._leases.lease(lease)
+        return True
+
+    async def recover(self, owner: str) -> tuple[list[GroupLease], int, int]:
+        """For a (re)started worker: its outstanding leases, where its stream continues, groups it completed."""
+        return self._leases.outstanding(owner), self._leases.next_index(owner), self._leases.num_completed(owner)
+
+    async def abort_owner(self, owner: str) -> int:
+        """A worker is gone for good: release its outstanding groups. Returns how many."""
+        leases = self._leases.outstanding(owner)
+        for lease in leases:
+            self._leases.release(lease.group_id)
+            self._admission.abort(lease.group_size)
+        return len(leases)
+
+    async def put_group(self, samples: EncodedSamples, group_id: str) -> bool:
+        """Store a leased group's samples exactly once; a repeated or unknown group is refused (False)."""
+        lease = self._leases.complete(group_id)
+        if lease is None:
+            self._num_duplicates += 1
+            return False
+        await self.put(samples)
+        self._admission.finish(lease.group_size, samples.num_samples)
+        return True
+
+    async def put(self, samples: EncodedSamples, num_episodes: int = 0) -> int:
         """Store samples; `num_episodes` admitted episodes finished with them. Returns evictions."""
-        entries = []
-        for ref, rows, versions in zip(batch.table_refs, batch.rows, batch.policy_versions):
-            key = self._next_key
-            self._next_key += 1
-            self._tables[key] = [ref, len(rows)]
-            entries.extend(Entry(v, (key, r)) for r, v in zip(rows, versions))
-        evicted = self._ring.put(entries)
+        import ray
+
+        if not samples.num_samples:
+            return 0
+        key = self._next_key
+        self._next_key += 1
+        self._tables[key] = [ray.put(samples.data), samples.num_samples]
+        evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(samples.policy_versions)])
         if num_episodes:
-            self._admission.finish(num_episodes, batch.num_samples)
+            self._admission.finish(num_episodes, samples.num_samples)
         self._new_data.set()
         return evicted
 
@@ -152,6 +201,8 @@ class ReplayBuffer:
             "num_running_episodes": self._admission.running_episodes,
             "admission_capacity": self._admission.capacity(self._version, accepted_samples(self._ring)),
             "num_tables_held": len(self._tables),
+            "num_outstanding_groups": self._leases.num_outstanding,
+            "num_duplicate_groups": self._num_duplicates,
         }
 
     def _advance(self, learner_version: int) -> int:
@@ -192,13 +243,10 @@ def decode_table(data: np.ndarray) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def put_trajectories(trajectories: list[Trajectory]) -> SampleBatch:
-    """Expand trajectories and put their samples as one Arrow table into the object store."""
-    import ray
-
+def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:
+    """Expand trajectories into samples, encoded as one Arrow table for `put`."""
     samples = [s for t in trajectories for s in expand(t)]
-    ref = ray.put(encode_table(samples_to_table(samples)))
-    return SampleBatch((ref,), (tuple(range(len(samples))),), (tuple(s.policy_version for s in samples),))
+    return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples))
 
 
 def fetch_samples(batch: SampleBatch) -> pa.Table:

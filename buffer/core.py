@@ -179,12 +179,14 @@ class AdmissionController:
         limit = (self.max_staleness + learner_version + 1) * self.batch_size
         return limit - (accepted + self.running_episodes * self.samples_per_episode)
 
-    def admit(self, num_episodes: int, learner_version: int, accepted: int) -> int:
-        """Reserve up to num_episodes episodes; returns how many were granted (0 = wait)."""
+    def admit(self, num_episodes: int, learner_version: int, accepted: int, all_or_nothing: bool = False) -> int:
+        """Reserve up to num_episodes episodes (all of them or none when all_or_nothing); returns the grant."""
         if num_episodes < 0:
             raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
         room = self.capacity(learner_version, accepted)
         granted = max(0, min(num_episodes, int(room // self.samples_per_episode)))
+        if all_or_nothing and granted < num_episodes:
+            granted = 0
         self.running_episodes += granted
         return granted
 
@@ -207,3 +209,70 @@ class AdmissionController:
 def accepted_samples(buffer: RingBuffer[Any]) -> int:
     """Samples that were or will be trained on: consumed + resident."""
     return buffer.counters.consumed + len(buffer)
+
+
+@dataclass(frozen=True)
+class GroupLease:
+    """A GRPO group admitted to rollout: G episodes of one task, owned by one worker."""
+
+    group_id: str
+    """Unique id; also the trajectories' group id."""
+    owner: str
+    """Worker that runs the group."""
+    split: str
+    """Split of the task."""
+    seed: int
+    """Seed of the task."""
+    group_size: int
+    """G: episodes in the group."""
+    index: int
+    """Position of the group in its owner's stream (0, 1, ...)."""
+
+
+class LeaseTable:
+    """Exactly-once bookkeeping of admitted groups.
+
+    A group is leased when admitted and completed when its trajectories are put; a second
+    put of the same group (a worker that died after putting, then re-ran it) is refused. A
+    restarted worker gets its outstanding leases back and re-runs them, so a death loses
+    nothing and duplicates nothing. Completed ids are kept (a few bytes each) to refuse
+    late duplicates.
+    """
+
+    def __init__(self) -> None:
+        self._leased: dict[str, GroupLease] = {}
+        self._completed: set[str] = set()
+        self._next_index: dict[str, int] = {}
+        self._completed_by_owner: dict[str, int] = {}
+
+    def lease(self, lease: GroupLease) -> None:
+        if lease.group_id in self._leased or lease.group_id in self._completed:
+            raise ValueError(f"group {lease.group_id!r} was already leased")
+        self._leased[lease.group_id] = lease
+        self._next_index[lease.owner] = max(self._next_index.get(lease.owner, 0), lease.index + 1)
+
+    def complete(self, group_id: str) -> GroupLease | None:
+        """The lease, now completed; None when the group is unknown or already completed."""
+        lease = self._leased.pop(group_id, None)
+        if lease is not None:
+            self._completed.add(group_id)
+            self._completed_by_owner[lease.owner] = self._completed_by_owner.get(lease.owner, 0) + 1
+        return lease
+
+    def release(self, group_id: str) -> GroupLease | None:
+        """Drop a lease that will never complete; returns it, or None if unknown."""
+        return self._leased.pop(group_id, None)
+
+    def outstanding(self, owner: str) -> list[GroupLease]:
+        return sorted((l for l in self._leased.values() if l.owner == owner), key=lambda l: l.index)
+
+    def next_index(self, owner: str) -> int:
+        """Where the owner's stream continues (after every group it ever leased)."""
+        return self._next_index.get(owner, 0)
+
+    def num_completed(self, owner: str) -> int:
+        return self._completed_by_owner.get(owner, 0)
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self._leased)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from buffer.actor import BufferConfig, SampleBatch, create_buffer_actor, fetch_samples, put_trajectories
+from buffer.actor import BufferConfig, SampleBatch, create_buffer_actor, encode_trajectories, fetch_samples
 from buffer.contracts import Trajectory, Turn, table_to_samples
 
 
@@ -31,7 +31,7 @@ def test_producers_and_a_consumer(ray_mod):
         def run(self, trajectories):
             for t in trajectories:
                 granted = ray.get(self.buffer.admit.remote(1))
-                ray.get(self.buffer.put.remote(put_trajectories([t]), num_episodes=granted))
+                ray.get(self.buffer.put.remote(encode_trajectories([t]), num_episodes=granted))
             return len(trajectories)
 
     producers = [Producer.remote(f"p{j}", buffer) for j in range(3)]
@@ -69,17 +69,17 @@ def test_get_waits_for_puts_and_times_out(ray_mod):
     pending = buffer.get.remote(5, learner_version=0, timeout_s=120)
     ready, _ = ray.wait([pending], timeout=0.5)
     assert not ready, "get returned before any data"
-    ray.get(buffer.put.remote(put_trajectories([trajectory("a", 3, 0)])))
+    ray.get(buffer.put.remote(encode_trajectories([trajectory("a", 3, 0)])))
     ready, _ = ray.wait([pending], timeout=0.5)
     assert not ready, "get returned with 3 of 5 samples before its timeout"
-    ray.get(buffer.put.remote(put_trajectories([trajectory("b", 2, 0)])))
+    ray.get(buffer.put.remote(encode_trajectories([trajectory("b", 2, 0)])))
     assert ray.get(pending, timeout=60).num_samples == 5
 
 
 def test_staleness_filter_and_version_sweep(ray_mod):
     ray = ray_mod
     buffer = create_buffer_actor(BufferConfig(max_staleness=2))
-    ray.get(buffer.put.remote(put_trajectories([trajectory("old", 2, 0), trajectory("new", 2, 3)])))
+    ray.get(buffer.put.remote(encode_trajectories([trajectory("old", 2, 0), trajectory("new", 2, 3)])))
     assert ray.get(buffer.set_version.remote(3)) == 2
     got = table_to_samples(fetch_samples(ray.get(buffer.get.remote(10, learner_version=3, timeout_s=0.1))))
     assert [s.trajectory_id for s in got] == ["new", "new"]
@@ -95,7 +95,7 @@ def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
     # (1 + 0 + 1) * 4 = 8 samples = 4 episodes of 2.
     assert ray.get(buffer.admit.remote(10)) == 4
     assert ray.get(buffer.admit.remote(1)) == 0
-    ray.get(buffer.put.remote(put_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)]), num_episodes=4))
+    ray.get(buffer.put.remote(encode_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)]), num_episodes=4))
     assert ray.get(buffer.admit.remote(1)) == 0
     assert ray.get(buffer.get.remote(4, learner_version=0, timeout_s=1)).num_samples == 4
     assert ray.get(buffer.admit.remote(1)) == 0  # consuming alone does not open room...

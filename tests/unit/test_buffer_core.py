@@ -179,3 +179,31 @@ def test_discarded_entries_are_reported():
     buf.drop_stale(1)
     assert [e.payload for e in gone] == [0, 1, 4]
     check_counts(buf)
+
+
+def test_lease_table_is_exactly_once():
+    from buffer.core import GroupLease, LeaseTable
+
+    table = LeaseTable()
+    leases = [GroupLease(f"w0:{i}", "w0", "train", i, 4, i) for i in range(3)]
+    for lease in leases:
+        table.lease(lease)
+    table.lease(GroupLease("w1:0", "w1", "train", 9, 4, 0))
+    with pytest.raises(ValueError, match="already leased"):
+        table.lease(leases[0])
+    assert table.complete("w0:1") == leases[1]
+    assert table.complete("w0:1") is None  # duplicate put
+    assert table.complete("nope") is None
+    with pytest.raises(ValueError, match="already leased"):
+        table.lease(leases[1])  # a completed group cannot come back
+    assert table.outstanding("w0") == [leases[0], leases[2]]
+    assert table.next_index("w0") == 3 and table.next_index("w2") == 0
+    assert table.num_completed("w0") == 1 and table.num_outstanding == 3
+    assert table.release("w0:2") == leases[2] and table.outstanding("w0") == [leases[0]]
+
+
+def test_all_or_nothing_admission():
+    adm = AdmissionController(batch_size=4, max_staleness=0, samples_per_episode_prior=1.0)
+    assert adm.admit(3, 0, 0, all_or_nothing=True) == 3
+    assert adm.admit(2, 0, 0, all_or_nothing=True) == 0 and adm.running_episodes == 3
+    assert adm.admit(2, 0, 0) == 1

@@ -1,0 +1,114 @@
+"""Rollout workers, the pool, the teacher service and the buffer together on one local Ray."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from actors.agent_loop import LoopConfig
+from actors.engine import SamplingConfig
+from actors.pool import RolloutPool
+from actors.rollout_worker import RolloutConfig
+from buffer.actor import BufferConfig, create_buffer_actor, fetch_samples
+from buffer.contracts import table_to_samples
+from envs.babyai_text import BabyAITextEnv
+from learner.models import ModelConfig
+from teacher.service import TeacherConfig, create_teacher_service
+
+NANO = ModelConfig(path="tiny:nano")
+
+
+def drain(ray, buffer, version=0):
+    samples = []
+    while True:
+        batch = ray.get(buffer.get.remote(256, learner_version=version, timeout_s=0.2))
+        if not batch.num_samples:
+            return samples
+        samples.extend(table_to_samples(fetch_samples(batch)))
+
+
+def rollout_config(**kw):
+    return RolloutConfig(num_envs=4, group_size=2, sampling=SamplingConfig(max_new_tokens=24, seed=0),
+                         loop=LoopConfig(max_turns=3), **kw)
+
+
+def test_pool_with_oracle_teacher_fills_the_buffer(ray_session):
+    import ray
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
+                                     BabyAITextEnv.system_prompt, BabyAITextEnv().tools, num_cpus=0)
+    pool = RolloutPool(2, rollout_config(), NANO, buffer, teacher, num_cpus=0.5)
+    pool.start(max_groups_per_worker=3)
+    pool.wait(timeout_s=300)
+    samples = drain(ray, buffer)
+    groups = {s.group_id for s in samples}
+    assert groups == {f"worker-{w}:{i}" for w in range(2) for i in range(3)}
+    assert len({s.trajectory_id for s in samples}) == 12  # 6 groups x G=2
+    by_traj = {}
+    for s in samples:
+        by_traj.setdefault(s.trajectory_id, []).append(s)
+        assert s.teacher_logprobs is not None and len(s.teacher_logprobs) == len(s.response_ids)
+        assert s.policy_version == 0
+    for traj in by_traj.values():
+        assert sorted(s.turn_index for s in traj) == list(range(traj[0].num_turns))
+    # Both episodes of a group ran the same task.
+    for g in groups:
+        assert len({(s.split, s.task_seed) for s in samples if s.group_id == g}) == 1
+    stats = ray.get(teacher.stats.remote())
+    assert stats["num_requests"] == 6 and stats["num_turns_scored"] == len(samples)
+    buffer_stats = ray.get(buffer.stats.remote())
+    assert buffer_stats["num_outstanding_groups"] == 0 and buffer_stats["num_duplicate_groups"] == 0
+
+
+def test_weight_updates_reach_workers_between_rounds(ray_session):
+    import ray
+
+    from learner.models import load_model
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    pool = RolloutPool(1, rollout_config(), NANO, buffer, num_cpus=0.5)
+    pool.start(max_groups_per_worker=2)
+    pool.wait(timeout_s=300)
+    assert {s.policy_version for s in drain(ray, buffer)} == {0}
+    ray.get(pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1))
+    pool.start(max_groups_per_worker=4)
+    pool.wait(timeout_s=300)
+    assert {s.policy_version for s in drain(ray, buffer, version=1)} == {1}
+    assert pool.stats()[0]["policy_version"] == 1
+    rows = pool.evaluate("eval50", list(range(4)))
+    assert [r["seed"] for r in rows] == [0, 1, 2, 3] and all(r["policy_version"] == 1 for r in rows)
+
+
+def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_session):
+    import ray
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    config = RolloutConfig(num_envs=2, group_size=2, sampling=SamplingConfig(max_new_tokens=32, seed=0),
+                           loop=LoopConfig(max_turns=12))
+    pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5, max_restarts=2)
+    worker = pool.workers[0]
+    pid = ray.get(worker.pid.remote())
+    pool.start(max_groups_per_worker=4)
+    # Kill while a group is leased but not yet stored.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        stats = ray.get(buffer.stats.remote())
+        if stats["num_outstanding_groups"] and ray.get(worker.stats.remote()).get("num_groups_put", 0) >= 1:
+            break
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pool.wait(timeout_s=300)
+    assert pool.num_failed_runs >= 1
+    assert ray.get(worker.pid.remote()) != pid
+    assert ray.get(worker.stats.remote())["num_recovered_groups"] >= 1
+    samples = drain(ray, buffer)
+    groups = sorted({s.group_id for s in samples})
+    assert groups == [f"worker-0:{i}" for i in range(4)]
+    per_traj = {}
+    for s in samples:
+        per_traj.setdefault(s.trajectory_id, []).append(s.turn_index)
+    assert all(sorted(turns) == list(range(len(turns))) for turns in per_traj.values())  # none half-stored
+    assert len(per_traj) == 8
+    assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
