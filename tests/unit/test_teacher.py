@@ -14,6 +14,7 @@ from actors.hf_engine import HFEngine
 from buffer.contracts import Trajectory, Turn
 from envs.babyai_text import BabyAIExpert, BabyAITextEnv
 from envs.parser import format_tool_call
+from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_model, load_tokenizer
 from teacher.backends import HFTeacherBackend, ScoreRequest
@@ -183,3 +184,33 @@ def test_service_respects_the_batch_size_and_reports_errors(tok):
         return scorer
 
     assert asyncio.run(main()).calls == [2, 2, 1]
+
+
+def test_nesting_turns_are_scored_in_one_pass_with_the_same_logprobs(tok, model):
+    loop = LoopConfig(max_turns=4, prompt=PromptConfig(history_window="all"))
+    policy = ModelPolicy(HFEngine(model, tok.pad_token_id, [tok.convert_tokens_to_ids("<|im_end|>")]), tok,
+                         SamplingConfig(max_new_tokens=8, seed=0), loop)
+    trajs = [r.trajectory for r in run_episodes(BabyAITextEnv, [EpisodeTask("train", s) for s in (0, 1)], policy,
+                                                loop)]
+
+    class Recording(HFTeacherBackend):
+        def score(self, requests):
+            self.seen = list(requests)
+            return super().score(requests)
+
+    backend = Recording(model, tok.pad_token_id)
+    packed = ModelTeacher(backend).score_trajectories(trajs)
+    assert len(backend.seen) == 2  # one request per episode
+    separate = HFTeacherBackend(model, tok.pad_token_id).score(
+        [ScoreRequest(turn.prompt_ids, turn.response_ids) for t in trajs for turn in t.turns])
+    flat = [s for per_traj in packed for s in per_traj]
+    assert len(flat) == len(separate)
+    for a, b in zip(flat, separate):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    # A windowed episode does not nest: its turns are scored one by one, with the same result.
+    windowed = dataclasses.replace(trajs[0], turns=tuple(
+        dataclasses.replace(turn, prompt_ids=turn.prompt_ids[:3] + turn.prompt_ids[4:]) if k == 2 else turn
+        for k, turn in enumerate(trajs[0].turns)))
+    scores = ModelTeacher(backend).score_trajectories([windowed])[0]
+    assert len(backend.seen) == 3  # turns 0-1 packed; turn 2 and turn 3 on their own
+    assert [len(s) for s in scores] == [len(t.response_ids) for t in windowed.turns]
