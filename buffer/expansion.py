@@ -54,6 +54,10 @@ class TrainSequence:
     """Teacher log-prob on response tokens, 0 elsewhere, shape [num_tokens]; None if any turn is unscored."""
     policy_version: tuple[int, ...]
     """Version that generated each response token, -1 elsewhere, shape [num_tokens]."""
+    advantage: tuple[float, ...]
+    """Episode advantage of the token's sample (0 if unset) on response tokens, 0 elsewhere, shape [num_tokens]."""
+    turn_reward: tuple[float, ...]
+    """Turn reward of the token's turn on response tokens, 0 elsewhere, shape [num_tokens]."""
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +71,7 @@ class TrainSequence:
 def _segments_sequence(token_ids: list[int], segments: list[tuple[int, Sample]]) -> TrainSequence:
     n = len(token_ids)
     mask, turn, behaviour, version = [False] * n, [-1] * n, [0.0] * n, [-1] * n
+    advantage, turn_reward = [0.0] * n, [0.0] * n
     scored = all(s.teacher_logprobs is not None for _, s in segments)
     teacher = [0.0] * n if scored else None
     for start, s in segments:
@@ -76,10 +81,13 @@ def _segments_sequence(token_ids: list[int], segments: list[tuple[int, Sample]])
             turn[p] = s.turn_index
             behaviour[p] = s.behaviour_logprobs[j]
             version[p] = s.policy_version
+            advantage[p] = s.advantage or 0.0
+            turn_reward[p] = s.turn_reward
             if teacher is not None:
                 teacher[p] = s.teacher_logprobs[j]
     return TrainSequence(tuple(token_ids), tuple(mask), tuple(turn), tuple(behaviour),
-                         None if teacher is None else tuple(teacher), tuple(version))
+                         None if teacher is None else tuple(teacher), tuple(version), tuple(advantage),
+                         tuple(turn_reward))
 
 
 def sample_sequence(sample: Sample) -> TrainSequence:

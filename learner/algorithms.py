@@ -1,0 +1,178 @@
+"""Algorithms: group-end advantages and token-level losses (ALGORITHMS.md §2-3), in a registry.
+
+Every loss sees a `TokenBatch` of padded [num_sequences, num_tokens] tensors where position
+t holds token t; `logprobs[:, t]` is the current policy's log-prob of token t (from the
+logits at t-1) and `loss_mask` marks trained response tokens. Losses return a *sum* over
+the micro-batch plus the number of units it averages over, so the learner can normalise by
+the global count across micro-batches and ranks (token-mean: tokens; seq-mean: sequences).
+
+Importance ratio r_t = pi_theta(y_t) / mu(y_t), with mu the engine's behaviour log-probs;
+PPO clip min(r A, clip(r, 1-eps_lo, 1+eps_hi) A); with `tis_cap` the ratio is first
+truncated at that value (bounding the weight of very stale or mismatched tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.contracts import Trajectory
+
+
+class AlgorithmConfig(BaseModel):
+    """Which loss, and its knobs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["grpo", "turn_level", "opd", "joint", "sft"] = "opd"
+    clip_eps_low: float = Field(default=0.2, ge=0)
+    clip_eps_high: float = Field(default=0.28, ge=0)
+    tis_cap: float | None = Field(default=None, gt=1.0)
+    """Truncate importance ratios at this value (None: no truncation)."""
+    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
+    opd_scale: float = Field(default=1.0, gt=0)
+    """Scale of the OPD token advantage (teacher - behaviour log-prob)."""
+    opd_lambda: float = Field(default=0.01, ge=0)
+    """λ of the joint loss L_GRPO + λ L_OPD (RetireOPD)."""
+    drop_zero_variance_groups: bool = True
+    """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
+    turn_level_k: int = Field(default=4, ge=1)
+    """turn_level: turns trained per episode."""
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch of padded training sequences."""
+
+    input_ids: torch.Tensor
+    """Token ids, long [N, T]."""
+    attention_mask: torch.Tensor
+    """1 on real tokens, long [N, T]."""
+    loss_mask: torch.Tensor
+    """True on trained response tokens, bool [N, T]."""
+    behaviour_logprobs: torch.Tensor
+    """Engine log-prob of each response token, float [N, T]."""
+    teacher_logprobs: torch.Tensor | None
+    """Teacher log-prob of each response token, float [N, T]; None if unscored."""
+    advantages: torch.Tensor
+    """Episode advantage per response token, float [N, T]."""
+    turn_rewards: torch.Tensor
+    """Turn reward per response token, float [N, T]."""
+    staleness: torch.Tensor
+    """Learner version minus the token's policy version, long [N, T] (0 off the response)."""
+
+
+@dataclass
+class LossOutput:
+    loss_sum: torch.Tensor
+    """Differentiable sum to be divided by the global `num_units`."""
+    num_units: float
+    """Tokens (token_mean) or sequences (seq_mean) this micro-batch contributes."""
+    stats: dict[str, float]
+    """Sums of diagnostics over loss tokens (divided by the global token count by the caller)."""
+
+
+def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str) -> tuple[torch.Tensor, float]:
+    maskf = mask.float()
+    if how == "token_mean":
+        return (per_token * maskf).sum(), float(maskf.sum())
+    per_seq = (per_token * maskf).sum(-1) / maskf.sum(-1).clamp(min=1)
+    has = maskf.sum(-1) > 0
+    return per_seq[has].sum(), float(has.sum())
+
+
+def _clipped(logprobs: torch.Tensor, batch: TokenBatch, adv: torch.Tensor, cfg: AlgorithmConfig):
+    log_ratio = (logprobs - batch.behaviour_logprobs).clamp(-20, 20)
+    ratio = torch.exp(log_ratio)
+    if cfg.tis_cap is not None:
+        ratio = ratio.clamp(max=cfg.tis_cap)
+    clipped = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    mask = batch.loss_mask
+    was_clipped = ((ratio * adv) > (clipped * adv)) & mask
+    stats = {"clip_frac": float(was_clipped.sum()),
+             # k3 estimate of KL(behaviour || policy): the trainer/engine mismatch on fresh samples.
+             "mismatch_kl": float(((torch.exp(-log_ratio) - 1 + log_ratio) * mask).sum().detach())}
+    return per_token, stats
+
+
+def grpo_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    per_token, stats = _clipped(logprobs, batch, batch.advantages, cfg)
+    loss, units = _aggregate(per_token, batch.loss_mask, cfg.aggregation)
+    return LossOutput(loss, units, stats)
+
+
+def turn_level_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    per_token, stats = _clipped(logprobs, batch, batch.turn_rewards, cfg)
+    loss, units = _aggregate(per_token, batch.loss_mask, cfg.aggregation)
+    return LossOutput(loss, units, stats)
+
+
+def opd_advantages(batch: TokenBatch, cfg: AlgorithmConfig) -> torch.Tensor:
+    if batch.teacher_logprobs is None:
+        raise ValueError("OPD needs teacher log-probs on every sample: is the teacher service on?")
+    return cfg.opd_scale * (batch.teacher_logprobs - batch.behaviour_logprobs) * batch.loss_mask
+
+
+def opd_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    adv = opd_advantages(batch, cfg)
+    per_token, stats = _clipped(logprobs, batch, adv, cfg)
+    loss, units = _aggregate(per_token, batch.loss_mask, cfg.aggregation)
+    # Single-sample reverse KL(student || teacher) on the sampled tokens.
+    stats["reverse_kl"] = float(((batch.behaviour_logprobs - batch.teacher_logprobs) * batch.loss_mask).sum())
+    return LossOutput(loss, units, stats)
+
+
+def joint_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    g = grpo_loss(logprobs, batch, cfg)
+    if cfg.opd_lambda == 0.0:
+        return g
+    o = opd_loss(logprobs, batch, cfg)
+    return LossOutput(g.loss_sum + cfg.opd_lambda * o.loss_sum, g.num_units,
+                      {**g.stats, "reverse_kl": o.stats["reverse_kl"]})
+
+
+def sft_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    loss, units = _aggregate(-logprobs, batch.loss_mask, cfg.aggregation)
+    return LossOutput(loss, units, {})
+
+
+LOSSES: dict[str, Callable[[torch.Tensor, TokenBatch, AlgorithmConfig], LossOutput]] = {
+    "grpo": grpo_loss,
+    "turn_level": turn_level_loss,
+    "opd": opd_loss,
+    "joint": joint_loss,
+    "sft": sft_loss,
+}
+
+
+def group_advantages(trajectories: list[Trajectory], cfg: AlgorithmConfig) -> list[Trajectory]:
+    """Group-end hook: GRPO advantages A = (R - mean) / (std + 1e-6) over one group's episodes.
+
+    Returns the group with `advantage` set; an empty list when the group carries no signal
+    and `drop_zero_variance_groups` is on (GRPO and joint only; other losses keep every group).
+    """
+    import dataclasses
+
+    rewards = [t.outcome_reward + t.format_reward for t in trajectories]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if cfg.name in ("grpo", "joint") and cfg.drop_zero_variance_groups and std < 1e-8:
+        return []
+    return [dataclasses.replace(t, advantage=(r - mean) / (std + 1e-6)) for t, r in zip(trajectories, rewards)]
+
+
+def select_turns(trajectory: Trajectory, k: int, seed: int) -> Trajectory:
+    """turn_level: keep k turns trainable, chosen by a RNG seeded from the trajectory id."""
+    import dataclasses
+    import random
+
+    if trajectory.num_turns <= k:
+        return trajectory
+    keep = set(random.Random(f"{seed}:{trajectory.trajectory_id}").sample(range(trajectory.num_turns), k))
+    turns = tuple(dataclasses.replace(t, trainable=t.trainable and i in keep) for i, t in enumerate(trajectory.turns))
+    return dataclasses.replace(trajectory, turns=turns)

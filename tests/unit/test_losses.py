@@ -1,0 +1,119 @@
+"""Losses on small hand-computed tensors: sign, masking, normalisation, clipping."""
+
+import math
+
+import pytest
+import torch
+
+from buffer.contracts import Trajectory, Turn
+from learner.algorithms import LOSSES, AlgorithmConfig, TokenBatch, group_advantages, select_turns
+
+
+def batch(behaviour, adv=None, teacher=None, mask=None, turn_rewards=None):
+    b = torch.tensor(behaviour, dtype=torch.float32)
+    n, t = b.shape
+    return TokenBatch(
+        input_ids=torch.zeros(n, t, dtype=torch.long), attention_mask=torch.ones(n, t, dtype=torch.long),
+        loss_mask=torch.ones(n, t, dtype=torch.bool) if mask is None else torch.tensor(mask),
+        behaviour_logprobs=b, teacher_logprobs=None if teacher is None else torch.tensor(teacher),
+        advantages=torch.zeros(n, t) if adv is None else torch.tensor(adv, dtype=torch.float32),
+        turn_rewards=torch.zeros(n, t) if turn_rewards is None else torch.tensor(turn_rewards, dtype=torch.float32),
+        staleness=torch.zeros(n, t, dtype=torch.long))
+
+
+def test_grpo_on_policy_gradient_follows_the_advantage():
+    cfg = AlgorithmConfig(name="grpo")
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    b = batch([[-1.0, -2.0]], adv=[[1.0, -0.5]])
+    out = LOSSES["grpo"](logp, b, cfg)
+    assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(-(1.0 - 0.5))  # ratio 1
+    out.loss_sum.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.0, 0.5])  # descending raises the A>0 token
+
+
+def test_masked_tokens_do_not_count():
+    cfg = AlgorithmConfig(name="grpo")
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    b = batch([[-1.0, -2.0, -3.0]], adv=[[1.0, 5.0, 1.0]], mask=[[True, False, True]])
+    out = LOSSES["grpo"](logp, b, cfg)
+    assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(-2.0)
+    out.loss_sum.backward()
+    assert logp.grad[0, 1].item() == 0.0
+
+
+def test_ppo_clip_and_truncation():
+    cfg = AlgorithmConfig(name="grpo", clip_eps_low=0.2, clip_eps_high=0.2)
+    # ratio e^0.5 = 1.65 with A > 0: clipped at 1.2 -> no gradient, counted as clipped.
+    logp = torch.tensor([[-0.5]], requires_grad=True)
+    out = LOSSES["grpo"](logp, batch([[-1.0]], adv=[[2.0]]), cfg)
+    assert out.loss_sum.item() == pytest.approx(-1.2 * 2.0) and out.stats["clip_frac"] == 1
+    out.loss_sum.backward()
+    assert logp.grad.item() == 0.0
+    # ratio 1.65 with A < 0: the unclipped (worse) branch is kept.
+    out = LOSSES["grpo"](torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), cfg)
+    assert out.loss_sum.item() == pytest.approx(math.exp(0.5))
+    # TIS caps the ratio first.
+    capped = AlgorithmConfig(name="grpo", tis_cap=1.5)
+    out = LOSSES["grpo"](torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), capped)
+    assert out.loss_sum.item() == pytest.approx(1.5)
+
+
+def test_seq_mean_weights_sequences_equally():
+    cfg = AlgorithmConfig(name="sft", aggregation="seq_mean")
+    logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0]])
+    out = LOSSES["sft"](logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), cfg)
+    assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(2.0 + 2.0)
+    token = LOSSES["sft"](logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), AlgorithmConfig(name="sft"))
+    assert token.num_units == 3 and token.loss_sum.item() == pytest.approx(6.0)
+
+
+def test_opd_advantage_is_teacher_minus_behaviour_and_logs_reverse_kl():
+    cfg = AlgorithmConfig(name="opd", opd_scale=1.0)
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    b = batch([[-1.0, -1.0]], teacher=[[-0.2, -3.0]])
+    out = LOSSES["opd"](logp, b, cfg)
+    # A = [0.8, -2.0] at ratio 1.
+    assert out.loss_sum.item() == pytest.approx(-(0.8 - 2.0))
+    assert out.stats["reverse_kl"] == pytest.approx((-1.0 + 0.2) + (-1.0 + 3.0))
+    out.loss_sum.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.8, 2.0])  # teacher-preferred token goes up
+    with pytest.raises(ValueError, match="teacher log-probs"):
+        LOSSES["opd"](logp, batch([[-1.0, -1.0]]), cfg)
+
+
+def test_joint_is_grpo_plus_lambda_opd():
+    logp = torch.tensor([[-1.0, -1.0]])
+    b = batch([[-1.0, -1.0]], adv=[[1.0, 1.0]], teacher=[[0.0, 0.0]])
+    g = LOSSES["grpo"](logp, b, AlgorithmConfig(name="grpo")).loss_sum.item()
+    o = LOSSES["opd"](logp, b, AlgorithmConfig(name="opd")).loss_sum.item()
+    j = LOSSES["joint"](logp, b, AlgorithmConfig(name="joint", opd_lambda=0.25)).loss_sum.item()
+    assert j == pytest.approx(g + 0.25 * o)
+    retired = LOSSES["joint"](logp, batch([[-1.0, -1.0]], adv=[[1.0, 1.0]]), AlgorithmConfig(name="joint", opd_lambda=0))
+    assert retired.loss_sum.item() == pytest.approx(g)  # λ = 0 needs no teacher
+
+
+def test_turn_level_uses_turn_rewards():
+    out = LOSSES["turn_level"](torch.tensor([[-1.0, -1.0]]), batch([[-1.0, -1.0]], turn_rewards=[[0.5, -1.0]]),
+                               AlgorithmConfig(name="turn_level"))
+    assert out.loss_sum.item() == pytest.approx(0.5)
+
+
+def traj(tid, outcome, n=3):
+    turns = tuple(Turn(k, (1,), (2,), (-0.1,), 0) for k in range(n))
+    return Trajectory(tid, "g", "train", 0, "go_to", turns, outcome > 0, outcome, 0.5)
+
+
+def test_group_advantages_and_zero_variance_groups():
+    out = group_advantages([traj("a", 1.0), traj("b", -1.0), traj("c", -1.0), traj("d", 1.0)],
+                           AlgorithmConfig(name="grpo"))
+    assert [t.advantage for t in out] == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    assert group_advantages([traj("a", 1.0), traj("b", 1.0)], AlgorithmConfig(name="grpo")) == []
+    kept = group_advantages([traj("a", 1.0), traj("b", 1.0)], AlgorithmConfig(name="opd"))
+    assert [t.advantage for t in kept] == [0.0, 0.0]
+
+
+def test_select_turns_is_deterministic():
+    t = traj("x", 1.0, n=10)
+    a, b = select_turns(t, 4, seed=0), select_turns(t, 4, seed=0)
+    assert a == b and sum(turn.trainable for turn in a.turns) == 4
+    assert select_turns(traj("y", 1.0, n=3), 4, seed=0).turns == traj("y", 1.0, n=3).turns
