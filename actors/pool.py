@@ -69,11 +69,12 @@ class RolloutPool:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rollout did not finish within {timeout_s} s")
 
-    def publish_weights(self, state_dict: dict, version: int):
-        """Put the weights into the object store once; every worker loads them before its next round."""
+    def publish_weights(self, weights, version: int):
+        """Weights (a state dict, or the ObjectRef of one) go into the object store once; every
+        worker loads them before its next round."""
         import ray
 
-        ref = ray.put(state_dict)
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
         return [w.update_weights.remote([ref], version) for w in self.workers]
 
     def stop(self) -> None:

@@ -1,0 +1,131 @@
+"""Learner ranks as Ray actors forming one torch.distributed group, and the driver-side handle.
+
+Each rank receives the same `SampleBatch` (references only), reads the rows from the object
+store, keeps its share -- whole episodes, dealt round-robin, so packing still applies -- and
+runs `Trainer.train_step`. Rank 0 publishes full weights: it gathers the unsharded state
+dict once and puts it into the object store; rollout workers load that one object. (On
+GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from buffer.actor import SampleBatch, fetch_samples
+from buffer.contracts import table_to_samples
+from buffer.expansion import to_sequences
+from learner.algorithms import AlgorithmConfig
+from learner.models import ModelConfig
+from learner.trainer import LearnerConfig, Trainer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shard_by_episode(samples: list, rank: int, world_size: int) -> list:
+    """This rank's samples: whole episodes, dealt round-robin in order of first appearance."""
+    order: dict[str, int] = {}
+    for s in samples:
+        order.setdefault(s.trajectory_id, len(order))
+    return [s for s in samples if order[s.trajectory_id] % world_size == rank]
+
+
+class LearnerRank:
+    """Actor body: joins the process group, then owns one Trainer."""
+
+    def __init__(self, rank: int, world_size: int, master_port: int, config: LearnerConfig, model: ModelConfig,
+                 backend: str = "gloo") -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(master_port)
+        device = "cuda" if backend == "nccl" else "cpu"
+        if device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        self.trainer = Trainer(config, model, device=device)
+
+    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+        t = self.trainer
+        samples = shard_by_episode(table_to_samples(fetch_samples(batch)), t.rank, t.world_size)
+        return t.train_step(to_sequences(samples, packing=t.config.packing), algorithm)
+
+    def publish(self) -> list | None:
+        """Rank 0 returns [ObjectRef] of the full state dict; other ranks take part and return None."""
+        import ray
+
+        state = self.trainer.full_state_dict()
+        return [ray.put(state)] if self.trainer.rank == 0 else None
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def save(self, directory: str, extra: dict[str, Any] | None = None) -> str:
+        return str(self.trainer.save_checkpoint(directory, extra))
+
+    def load(self, directory: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(directory)
+
+    def export_hf(self, directory: str) -> str | None:
+        from learner.models import load_tokenizer
+
+        tokenizer = load_tokenizer(self.trainer.model_config) if self.trainer.rank == 0 else None
+        out = self.trainer.export_hf(directory, tokenizer)
+        return None if out is None else str(out)
+
+    def logprobs(self, batch: SampleBatch) -> list[list[float]]:
+        samples = table_to_samples(fetch_samples(batch))
+        return [lp.tolist() for lp in self.trainer.evaluate_logprobs(to_sequences(samples, packing=False))]
+
+
+class LearnerGroup:
+    """Driver-side handle on N learner ranks."""
+
+    def __init__(self, num_ranks: int, config: LearnerConfig, model: ModelConfig, num_cpus: float = 1.0,
+                 num_gpus: float = 0.0, placement: list[Any] | None = None) -> None:
+        import ray
+
+        if num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+        port = free_port()
+        backend = "nccl" if num_gpus > 0 else "gloo"
+        actor = ray.remote(LearnerRank)
+        self.ranks = []
+        for r in range(num_ranks):
+            options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            if placement is not None:
+                options["scheduling_strategy"] = placement[r]
+            self.ranks.append(actor.options(**options).remote(r, num_ranks, port, config, model, backend))
+
+    def _all(self, method: str, *args) -> list:
+        import ray
+
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+        return self._all("train", batch, algorithm)[0]
+
+    def publish(self):
+        """ObjectRef of the full state dict (rank 0's), ready for RolloutPool.publish_weights."""
+        return self._all("publish")[0][0]
+
+    def version(self) -> int:
+        return self._all("version")[0]
+
+    def save(self, directory: str, extra: dict[str, Any] | None = None) -> str:
+        return self._all("save", directory, extra)[0]
+
+    def load(self, directory: str) -> dict[str, Any]:
+        return self._all("load", directory)[0]
+
+    def export_hf(self, directory: str) -> str:
+        return self._all("export_hf", directory)[0]
+
+    def logprobs(self, batch: SampleBatch) -> list[list[float]]:
+        return self._all("logprobs", batch)[0]

@@ -1,0 +1,280 @@
+"""One learner rank: FSDP2 model, AdamW, micro-batched steps, weight export, checkpoints.
+
+Works in any torch.distributed process group (gloo on CPU, NCCL on GPU), also of size 1.
+The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root (bf16
+parameters with fp32 gradient reduction on GPU; fp32 on CPU).
+
+A step: this rank's sequences are split into micro-batches under a token budget; each
+micro-batch's loss sum is divided by the *global* number of loss units (all-reduced before
+the first forward), so gradient accumulation and data parallelism give exactly the
+full-batch gradient. Every rank runs the same number of forward/backward passes (FSDP's
+collectives must pair up), padding with empty micro-batches where its shard is smaller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.expansion import TrainSequence
+from learner.algorithms import LOSSES, AlgorithmConfig, TokenBatch
+from learner.models import ModelConfig, load_model
+
+
+class LearnerConfig(BaseModel):
+    """Optimisation settings of the learner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    lr: float = Field(default=1e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int = Field(default=1000, ge=1)
+    """Cosine schedule length."""
+    micro_batch_tokens: int = Field(default=8192, ge=16)
+    """Token budget (padded) of one forward/backward."""
+    packing: bool = True
+    """Merge an episode's nested samples into one sequence (buffer.expansion)."""
+    seed: int = 0
+
+
+def lr_factor(step: int, config: LearnerConfig) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def collate(sequences: list[TrainSequence], learner_version: int, pad_token_id: int) -> TokenBatch:
+    """Right-padded tensors of a micro-batch."""
+    n, width = len(sequences), max(s.num_tokens for s in sequences)
+
+    def pad(values, fill, dtype):
+        out = torch.full((n, width), fill, dtype=dtype)
+        for i, v in enumerate(values):
+            out[i, :len(v)] = torch.tensor(v, dtype=dtype)
+        return out
+
+    versions = pad([s.policy_version for s in sequences], -1, torch.long)
+    scored = all(s.teacher_logprobs is not None for s in sequences)
+    return TokenBatch(
+        input_ids=pad([s.token_ids for s in sequences], pad_token_id, torch.long),
+        attention_mask=pad([[1] * s.num_tokens for s in sequences], 0, torch.long),
+        loss_mask=pad([s.loss_mask for s in sequences], False, torch.bool),
+        behaviour_logprobs=pad([s.behaviour_logprobs for s in sequences], 0.0, torch.float32),
+        teacher_logprobs=pad([s.teacher_logprobs for s in sequences], 0.0, torch.float32) if scored else None,
+        advantages=pad([s.advantage for s in sequences], 0.0, torch.float32),
+        turn_rewards=pad([s.turn_reward for s in sequences], 0.0, torch.float32),
+        staleness=torch.where(versions >= 0, learner_version - versions, torch.zeros_like(versions)),
+    )
+
+
+def micro_batches(sequences: list[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
+    """Longest first; a micro-batch grows while (its width x its size) fits the budget."""
+    out: list[list[TrainSequence]] = []
+    for s in sorted(sequences, key=lambda s: s.num_tokens, reverse=True):
+        if out and out[-1][0].num_tokens * (len(out[-1]) + 1) <= token_budget:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def token_logprobs(model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of each token under the model, entropy of each position's prediction), [N, T], 0 at t=0."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = logp_all.gather(-1, batch.input_ids[:, 1:, None].to(device)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+    zero = torch.zeros_like(logp[:, :1])
+    return torch.cat([zero, logp], dim=1).cpu(), torch.cat([zero, entropy], dim=1).cpu()
+
+
+class Trainer:
+    """The model, optimizer and schedule of one rank."""
+
+    def __init__(self, config: LearnerConfig, model: ModelConfig, device: str = "cpu") -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if not dist.is_initialized():
+            raise RuntimeError("Trainer needs an initialised torch.distributed process group (any size)")
+        self.config = config
+        self.model_config = model
+        self.device = torch.device(device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(config.seed)
+        self.model = load_model(model, device=str(self.device)).train()
+        self.pad_token_id = self.model.config.pad_token_id or 0
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if self.device.type == "cuda" else MixedPrecisionPolicy()
+        for layer in self.model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(self.model, mp_policy=mp)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, config))
+        self.version = 0
+        self.loss_fn = LOSSES[config.algorithm.name]
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def _all_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def train_step(self, sequences: list[TrainSequence], algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's shard of the global batch; returns global stats."""
+        start = time.perf_counter()
+        cfg = algorithm or self.config.algorithm
+        loss_fn = LOSSES[cfg.name]
+        batches = [collate(mb, self.version, self.pad_token_id)
+                   for mb in micro_batches(sequences, self.config.micro_batch_tokens)]
+        num_passes = int(self._all_max(len(batches)))
+        local_units = sum(float(b.loss_mask.sum()) if cfg.aggregation == "token_mean"
+                          else float((b.loss_mask.sum(-1) > 0).sum()) for b in batches)
+        global_units, = self._all_sum([local_units])
+        if global_units == 0:
+            raise ValueError("the batch has no trainable response token on any rank")
+        sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
+                "mismatch_kl": 0.0, "reverse_kl": 0.0, "tokens": 0.0, "sequences": 0.0}
+        max_staleness = 0.0
+        for i in range(num_passes):
+            if i < len(batches):
+                b = batches[i]
+                logp, entropy = token_logprobs(self.model, b)
+                out = loss_fn(logp, b, cfg)
+                (out.loss_sum / global_units).backward()
+                mask = b.loss_mask
+                sums["loss"] += out.loss_sum.item()
+                sums["loss_tokens"] += float(mask.sum())
+                sums["entropy"] += float((entropy * mask).sum())
+                sums["staleness"] += float((b.staleness * mask).sum())
+                sums["tokens"] += float(b.attention_mask.sum())
+                sums["sequences"] += len(b.input_ids)
+                for key in ("clip_frac", "mismatch_kl", "reverse_kl"):
+                    sums[key] += out.stats.get(key, 0.0)
+                if mask.any():
+                    max_staleness = max(max_staleness, float(b.staleness[mask].max()))
+            else:
+                # An empty pass keeps FSDP's collectives paired with the ranks that have more work.
+                dummy = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
+                (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        totals = dict(zip(sums, self._all_sum(list(sums.values()))))
+        tokens = max(totals["loss_tokens"], 1.0)
+        return {
+            "version": self.version,
+            "loss": totals["loss"] / global_units,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "entropy": totals["entropy"] / tokens,
+            "mean_staleness": totals["staleness"] / tokens,
+            "max_staleness": self._all_max(max_staleness),
+            "clip_frac": totals["clip_frac"] / tokens,
+            "mismatch_kl": totals["mismatch_kl"] / tokens,
+            "reverse_kl": totals["reverse_kl"] / tokens,
+            "num_loss_tokens": totals["loss_tokens"],
+            "num_tokens": totals["tokens"],
+            "num_sequences": totals["sequences"],
+            "step_s": time.perf_counter() - start,
+        }
+
+    @torch.no_grad()
+    def evaluate_logprobs(self, sequences: list[TrainSequence]) -> list[torch.Tensor]:
+        """Current log-prob of each sequence's tokens (for agreement checks), shape [num_tokens] each."""
+        out = []
+        for s in sequences:
+            logp, _ = token_logprobs(self.model, collate([s], self.version, self.pad_token_id))
+            out.append(logp[0])
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights with HF names, on CPU; complete on rank 0, empty elsewhere (a collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Atomic distributed checkpoint: written to `<dir>.tmp`, renamed when every rank is done."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        final = Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+        torch.save({"torch": torch.get_rng_state()}, tmp / f"rng_rank{self.rank}.pt")
+        if self.rank == 0:
+            state = {"version": self.version, "scheduler": self.scheduler.state_dict(), "extra": extra or {},
+                     "world_size": self.world_size}
+            (tmp / "trainer_state.json").write_text(json.dumps(state))
+        dist.barrier()
+        if self.rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
+        dist.barrier()
+        return final
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore weights, optimizer, schedule, version and RNG; returns the saved `extra` state."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        directory = Path(directory)
+        state = json.loads((directory / "trainer_state.json").read_text())
+        if state["world_size"] != self.world_size:
+            # DCP reshards; the per-rank RNG streams simply restart from rank 0's.
+            rng_file = directory / "rng_rank0.pt"
+        else:
+            rng_file = directory / f"rng_rank{self.rank}.pt"
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        target = {"model": model_sd, "optim": optim_sd}
+        dcp.load(target, checkpoint_id=str(directory / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]
+        torch.set_rng_state(torch.load(rng_file, weights_only=True)["torch"])
+        return state["extra"]
+
+    def export_hf(self, directory: str | Path, tokenizer=None) -> Path | None:
+        """A HF directory (safetensors + config [+ tokenizer]) the engines load; written by rank 0."""
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        directory = Path(directory)
+        fresh = load_model(self.model_config)
+        fresh.load_state_dict(state)
+        fresh.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        return directory
