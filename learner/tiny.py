@@ -7,13 +7,14 @@ file. The model is a randomly initialised Qwen3-architecture causal LM (not qwen
 custom tokenizer AutoTokenizer would swap in Qwen2Tokenizer and change the ids).
 
 Everything is deterministic for (preset, seed) and saved with `save_pretrained` into
-`<cache_dir>/tiny/<preset>-s<seed>-<fingerprint>`, built once (atomically, so concurrent
-processes may race safely) and loadable with AutoTokenizer/AutoModelForCausalLM offline.
+`<cache_dir>/tiny/<preset>-s<seed>-<fingerprint>`, built once (under a file lock, then
+renamed into place, so concurrent processes never see a partial model) and loadable with AutoTokenizer/AutoModelForCausalLM offline.
 Nothing is built at import time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -77,17 +78,16 @@ def tiny_model_dir(preset: str, seed: int = 0, cache_dir: str | Path | None = No
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build_tiny_model(PRESETS[preset], seed, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-            # Another process finished first; its build is identical.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # One builder at a time (Ray actors start together); the others find the finished directory.
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+            try:
+                build_tiny_model(PRESETS[preset], seed, staging)
+                os.rename(staging, target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

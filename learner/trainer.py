@@ -163,7 +163,8 @@ class Trainer:
                 b = batches[i]
                 logp, entropy = token_logprobs(self.model, b)
                 out = loss_fn(logp, b, cfg)
-                (out.loss_sum / global_units).backward()
+                # FSDP averages gradients over ranks; the loss is already a global mean, so undo that.
+                (out.loss_sum * (self.world_size / global_units)).backward()
                 mask = b.loss_mask
                 sums["loss"] += out.loss_sum.item()
                 sums["loss_tokens"] += float(mask.sum())

@@ -82,7 +82,7 @@ def test_deterministic_for_a_seed(tmp_path):
     mtime = (a / "config.json").stat().st_mtime_ns
     assert tiny_model_dir("nano", seed=3, cache_dir=tmp_path / "a") == a
     assert (a / "config.json").stat().st_mtime_ns == mtime
-    assert not [p for p in (tmp_path / "a" / "tiny").iterdir() if p.name.startswith(".")]
+    assert not [p for p in (tmp_path / "a" / "tiny").iterdir() if p.name.startswith(".") and p.is_dir()]
 
 
 def test_loads_offline_with_auto_classes_in_a_fresh_process(nano):
