@@ -38,6 +38,22 @@ class Generation:
     """'stop' when a stop token ended the response, 'length' when max_new_tokens did."""
 
 
+def weights_as_tensors(state: dict) -> dict:
+    """A published state dict (numpy arrays read zero-copy from the object store, or tensors) as tensors.
+
+    The arrays are read-only views; loading copies them into the engine's parameters, which
+    is the only thing done with them.
+    """
+    import warnings
+
+    import numpy as np
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
 class InferenceEngine(Protocol):
     """Batched generation from token ids; weights can be swapped by version."""
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy
-from actors.engine import SamplingConfig
+from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
 from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
@@ -110,7 +110,7 @@ class RolloutWorker:
         ref, version = self._pending_weights
         self._pending_weights = None
         start = time.perf_counter()
-        state = await ref
+        state = weights_as_tensors(await ref)
         await asyncio.get_running_loop().run_in_executor(None, self.engine.update_weights, state, version)
         self._stats["weight_sync_s"] += time.perf_counter() - start
         self._stats["num_weight_updates"] += 1

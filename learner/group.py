@@ -57,11 +57,14 @@ class LearnerRank:
         return t.train_step(to_sequences(samples, packing=t.config.packing), algorithm)
 
     def publish(self) -> list | None:
-        """Rank 0 returns [ObjectRef] of the full state dict; other ranks take part and return None."""
+        """Rank 0 returns [ObjectRef] of the full state dict as numpy arrays (read zero-copy by
+        the workers); other ranks take part in the gather and return None."""
         import ray
 
         state = self.trainer.full_state_dict()
-        return [ray.put(state)] if self.trainer.rank == 0 else None
+        if self.trainer.rank != 0:
+            return None
+        return [ray.put({k: v.numpy() for k, v in state.items()})]
 
     def version(self) -> int:
         return self.trainer.version
