@@ -30,6 +30,7 @@ from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopCon
 from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
+from learner.algorithms import AlgorithmConfig, group_advantages, select_turns
 from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
 from learner.models import ModelConfig
 
@@ -51,6 +52,8 @@ class RolloutConfig(BaseModel):
     vllm: VLLMConfig = VLLMConfig()
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
+    algorithm: AlgorithmConfig | None = None
+    """Group-end hook: GRPO advantages (and turn selection for turn_level) before the buffer."""
 
 
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer):
@@ -169,7 +172,14 @@ class RolloutWorker:
         from buffer.actor import encode_trajectories
 
         trajectories = [r.trajectory for r in sorted(results, key=lambda r: r.task.index)]
-        if self.teacher is not None:
+        algorithm = self.config.algorithm
+        if algorithm is not None:
+            if algorithm.name == "turn_level":
+                trajectories = [select_turns(t, algorithm.turn_level_k, self.index) for t in trajectories]
+            trajectories = group_advantages(trajectories, algorithm)
+            if not trajectories:
+                self._stats["num_groups_without_signal"] += 1
+        if self.teacher is not None and trajectories:
             start = time.perf_counter()
             trajectories = await self.teacher.score.remote(trajectories)
             self._stats["teacher_wait_s"] += time.perf_counter() - start

@@ -94,23 +94,29 @@ def latencies(sent: dict[str, float], received: dict[str, float]) -> list[float]
     return [1000 * (received[k] - sent[k]) for k in sent]
 
 
-def bench_actor(producers, total: int, batch: int, group: int) -> tuple[float, list[float]]:
-    buffer = create_buffer_actor(BufferConfig(capacity_samples=total + 1, batch_size=batch))
-    ray.get(buffer.stats.remote())
+def consume(start_producers, total: int, batch: int, take) -> tuple[float, list[float]]:
+    """Start the producers, take batches (`take(n) -> Arrow table`) until `total` samples arrived."""
     start = time.perf_counter()
-    pending = [p.run_buffer.remote(buffer, group) for p in producers]
+    pending = start_producers()
     consumed, received = 0, {}
     while consumed < total:
-        got = ray.get(buffer.get.remote(min(batch, total - consumed), learner_version=0, timeout_s=30))
-        table = fetch_samples(got)
+        table = take(min(batch, total - consumed))
         now = time.time()
         for tid in table.column("trajectory_id").to_pylist():
             received.setdefault(tid, now)
         consumed += table.num_rows
     rate = total / (time.perf_counter() - start)
     sent = {k: v for d in ray.get(pending) for k, v in d.items()}
-    ray.kill(buffer)
     return rate, latencies(sent, received)
+
+
+def bench_actor(producers, total: int, batch: int, group: int) -> tuple[float, list[float]]:
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=total + 1, batch_size=batch))
+    ray.get(buffer.stats.remote())
+    result = consume(lambda: [p.run_buffer.remote(buffer, group) for p in producers], total, batch,
+                     lambda n: fetch_samples(ray.get(buffer.get.remote(n, learner_version=0, timeout_s=30))))
+    ray.kill(buffer)
+    return result
 
 
 def bench_queue(producers, total: int, batch: int, group: int) -> tuple[float, list[float]]:
@@ -118,23 +124,16 @@ def bench_queue(producers, total: int, batch: int, group: int) -> tuple[float, l
 
     queue = Queue(actor_options={"num_cpus": 0})
     queue.size()  # wait until the queue actor is up, as for the buffer actor
-    start = time.perf_counter()
-    pending = [p.run_queue.remote(queue, group) for p in producers]
-    consumed, received = 0, {}
-    while consumed < total:
+
+    def take(n: int):
         try:
-            samples = queue.get_nowait_batch(min(batch, total - consumed))
+            return samples_to_table(queue.get_nowait_batch(n))
         except Empty:
-            samples = [queue.get(block=True, timeout=30)]
-        table = samples_to_table(samples)
-        now = time.time()
-        for tid in table.column("trajectory_id").to_pylist():
-            received.setdefault(tid, now)
-        consumed += table.num_rows
-    rate = total / (time.perf_counter() - start)
-    sent = {k: v for d in ray.get(pending) for k, v in d.items()}
+            return samples_to_table([queue.get(block=True, timeout=30)])
+
+    result = consume(lambda: [p.run_queue.remote(queue, group) for p in producers], total, batch, take)
     queue.shutdown()
-    return rate, latencies(sent, received)
+    return result
 
 
 def main() -> None:

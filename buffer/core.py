@@ -172,7 +172,7 @@ class AdmissionController:
     def samples_per_episode(self) -> float:
         if self._finished_episodes == 0:
             return self._prior
-        return self._finished_samples / self._finished_episodes
+        return max(1.0, self._finished_samples / self._finished_episodes)
 
     def capacity(self, learner_version: int, accepted: int) -> float:
         """Samples that may still be started at this version."""
@@ -193,8 +193,10 @@ class AdmissionController:
     def finish(self, num_episodes: int, num_samples: int) -> None:
         """Episodes admitted earlier ended and produced num_samples samples."""
         self._release(num_episodes)
-        self._finished_episodes += num_episodes
-        self._finished_samples += num_samples
+        if num_samples:
+            # Groups filtered out (no signal) deliver nothing: they say nothing about episode length.
+            self._finished_episodes += num_episodes
+            self._finished_samples += num_samples
 
     def abort(self, num_episodes: int) -> None:
         """Episodes admitted earlier will not deliver (a worker died): give their room back."""

@@ -62,6 +62,27 @@ def test_pool_with_oracle_teacher_fills_the_buffer(ray_session):
     assert buffer_stats["num_outstanding_groups"] == 0 and buffer_stats["num_duplicate_groups"] == 0
 
 
+def test_group_end_hook_sets_grpo_advantages(ray_session):
+    import ray
+
+    from learner.algorithms import AlgorithmConfig
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    config = RolloutConfig(num_envs=4, group_size=4, sampling=SamplingConfig(max_new_tokens=24, seed=0),
+                           loop=LoopConfig(max_turns=3), algorithm=AlgorithmConfig(name="grpo"))
+    pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5)
+    pool.start(max_groups_per_worker=2)
+    pool.wait(timeout_s=300)
+    samples = drain(ray, buffer)
+    # An untrained model mostly fails every episode alike: such zero-variance groups carry no signal,
+    # are dropped, and still complete their lease (an empty put).
+    stats = pool.stats()[0]
+    assert stats["num_groups_put"] == 2
+    assert len({s.group_id for s in samples}) == 2 - stats.get("num_groups_without_signal", 0)
+    assert all(s.advantage is not None for s in samples)
+    assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
+
+
 def test_weight_updates_reach_workers_between_rounds(ray_session):
     import ray
 

@@ -207,3 +207,13 @@ def test_all_or_nothing_admission():
     assert adm.admit(3, 0, 0, all_or_nothing=True) == 3
     assert adm.admit(2, 0, 0, all_or_nothing=True) == 0 and adm.running_episodes == 3
     assert adm.admit(2, 0, 0) == 1
+
+
+def test_groups_that_deliver_nothing_do_not_skew_the_estimate():
+    adm = AdmissionController(batch_size=8, samples_per_episode_prior=4.0)
+    adm.admit(4, 0, 0)
+    adm.finish(4, num_samples=0)
+    assert adm.samples_per_episode == 4.0 and adm.running_episodes == 0
+    adm.admit(2, 0, 0)
+    adm.finish(2, num_samples=1)
+    assert adm.samples_per_episode == 1.0  # never below one sample per episode

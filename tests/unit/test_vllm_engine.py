@@ -71,3 +71,16 @@ def test_prompt_logprob_scoring_matches_hf(engine, tok):
     for a, b, r in zip(v, h, reqs):
         assert len(a) == len(b) == len(r.response_ids)
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+def test_published_numpy_weights_load_into_vllm(engine, tok):
+    """The learner publishes numpy arrays (zero-copy from the object store): the engine takes them as they come."""
+    from actors.engine import weights_as_tensors
+
+    trained = load_model(ModelConfig(path="tiny:nano", seed=9))
+    published = {k: v.detach().numpy() for k, v in trained.state_dict().items()}
+    engine.update_weights(weights_as_tensors(published), version=7)
+    prompt = tok.encode("go to the grey box", add_special_tokens=False)
+    g = engine.generate([prompt], SamplingConfig(temperature=1.0, max_new_tokens=10, seed=4))[0]
+    assert engine.version == 7
+    assert (forward_logprobs(trained, prompt, g.token_ids) - torch.tensor(g.logprobs)).abs().max() < 1e-4
