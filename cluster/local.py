@@ -37,6 +37,7 @@ def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_por
     import ray
 
     context = ray.init(
+        address="local",  # always a new node: never attach to a cluster that `ray start` left running
         num_cpus=num_cpus,
         num_gpus=0,
         _node_ip_address=LOOPBACK_IP,

@@ -1,0 +1,104 @@
+"""Resource plans: how many rollout, teacher and learner actors, and what each needs.
+
+Presets: `cpu` fits the embedded 2-core default with fractional CPUs; `gpu-8` mirrors the
+seeds' 8-GPU split (4 rollout engines, 2 learner ranks, 2 teacher GPUs). A plan is checked
+against `ray.cluster_resources()` before any actor starts, and reserved as one placement
+group (a bundle per actor), so a plan that cannot fit fails fast with the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RolePlan(BaseModel):
+    """Actors of one role and what each needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(ge=0)
+    cpus: float = Field(ge=0)
+    gpus: float = Field(default=0.0, ge=0)
+
+
+class ResourcePlan(BaseModel):
+    """The whole job's actors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: Literal["cpu", "gpu-8", "custom"] = "cpu"
+    rollout: RolePlan = RolePlan(count=1, cpus=1.0)
+    teacher: RolePlan = RolePlan(count=1, cpus=0.0)
+    learner: RolePlan = RolePlan(count=1, cpus=1.0)
+    rollout_tensor_parallel: int = Field(default=1, ge=1)
+    """vLLM tensor parallelism of each rollout engine (GPU preset)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            return {**PRESETS[data["preset"]], **data}
+        return data
+
+    def needs(self) -> dict[str, float]:
+        roles = (self.rollout, self.teacher, self.learner)
+        return {"CPU": sum(r.count * r.cpus for r in roles), "GPU": sum(r.count * r.gpus for r in roles)}
+
+    def bundles(self) -> list[dict[str, float]]:
+        """One bundle per actor that needs resources (zero-resource actors need no reservation)."""
+        out = []
+        for role in (self.rollout, self.teacher, self.learner):
+            bundle = {k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}
+            if bundle:
+                out += [bundle] * role.count
+        return out
+
+    def describe(self) -> str:
+        lines = [f"resource plan ({self.preset}):"]
+        for name in ("rollout", "teacher", "learner"):
+            r: RolePlan = getattr(self, name)
+            lines.append(f"  {name:<8} {r.count} x ({r.cpus:g} CPU, {r.gpus:g} GPU)")
+        need = self.needs()
+        lines.append(f"  total    {need['CPU']:g} CPU, {need['GPU']:g} GPU")
+        return "\n".join(lines)
+
+    def check(self, available: dict[str, float]) -> None:
+        """Raise with need vs have when the cluster cannot hold the plan."""
+        need = self.needs()
+        short = {k: (v, available.get(k, 0.0)) for k, v in need.items() if v > available.get(k, 0.0) + 1e-9}
+        if short:
+            detail = ", ".join(f"{k}: need {n:g}, have {h:g}" for k, (n, h) in short.items())
+            raise ValueError(f"the resource plan does not fit the cluster ({detail})\n{self.describe()}")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {"rollout": {"count": 1, "cpus": 1.0}, "teacher": {"count": 1, "cpus": 0.0},
+            "learner": {"count": 1, "cpus": 1.0}},
+    "gpu-8": {"rollout": {"count": 4, "cpus": 2.0, "gpus": 1.0}, "teacher": {"count": 2, "cpus": 2.0, "gpus": 1.0},
+              "learner": {"count": 2, "cpus": 2.0, "gpus": 1.0}},
+}
+
+
+def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
+    """A placement group with one bundle per actor, and each role's scheduling strategies."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    plan.check(ray.cluster_resources())
+    bundles = plan.bundles()
+    group = placement_group(bundles, strategy="PACK")
+    if not group.wait(timeout_s):
+        raise TimeoutError(f"could not reserve {bundles} within {timeout_s} s\n{plan.describe()}")
+    strategies, index = {}, 0
+    for name in ("rollout", "teacher", "learner"):
+        role = getattr(plan, name)
+        if role.cpus == 0 and role.gpus == 0:
+            strategies[name] = ["DEFAULT"] * max(role.count, 1)
+            continue
+        strategies[name] = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index + i)
+                            for i in range(role.count)]
+        index += role.count
+    return group, strategies

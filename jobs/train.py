@@ -1,0 +1,154 @@
+"""Train an agent: rollout workers, teacher service, replay buffer and learner ranks on Ray.
+
+    python -m jobs.train [--config jobs/configs/babyai_opd_tiny.yaml] [key.sub=value ...]
+                         [--dry-run] [--resume RUN_DIR]
+
+The loop and its back-pressure. Rollout workers run on their own from the start: each
+asks the buffer to admit a whole GRPO group before generating it, and admission only has
+room for `(Δmax + v + 1)·B` samples in total at learner version v -- so rollout runs at
+most Δmax versions ahead and never waits for the learner otherwise. Finished groups go
+through the teacher service (while OPD is on) into the buffer. The driver loop is the
+learner's: wait for B fresh samples (the only time the learner waits), one optimizer step
+on every rank, publish the weights (one object-store put; workers load them before their
+next round), tell the buffer the new version (it drops what became too stale), export
+metrics and one log line. Every `eval_every` steps the workers also run a greedy eval;
+every `checkpoint_every` steps, at the end, and on SIGINT/SIGTERM the learner checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.rollout_worker import RolloutConfig
+from buffer.actor import BufferConfig
+from cluster.plan import ResourcePlan
+from jobs.config import ConfigError, dump_config, load_config
+from learner.models import ModelConfig
+from learner.trainer import LearnerConfig
+from teacher.service import TeacherConfig
+
+
+class ClusterConfig(BaseModel):
+    """Where to run: an existing cluster (address or $RAY_ADDRESS) or an embedded local one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = None
+    num_cpus: int = Field(default=2, ge=1)
+    """CPUs of the embedded local cluster."""
+    plan: ResourcePlan = ResourcePlan()
+
+
+class RunConfig(BaseModel):
+    """Length, cadence and outputs of the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: str = "runs/train"
+    steps: int = Field(default=30, ge=1)
+    """Learner steps (policy versions) to reach."""
+    publish_every: int = Field(default=1, ge=1)
+    eval_every: int = Field(default=10, ge=0)
+    """0 disables periodic evaluation."""
+    eval_split: str = "eval50"
+    eval_tasks: int = Field(default=12, ge=1)
+    checkpoint_every: int = Field(default=10, ge=1)
+    batch_timeout_s: float = Field(default=300.0, gt=0)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 9400
+    """None: no Prometheus endpoint."""
+
+
+class JobConfig(BaseModel):
+    """A whole training job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelConfig = ModelConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    teacher: TeacherConfig | None = TeacherConfig()
+    buffer: BufferConfig = BufferConfig()
+    learner: LearnerConfig = LearnerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "JobConfig":
+        name = self.learner.algorithm.name
+        if name in ("opd", "joint") and self.teacher is None:
+            raise ValueError(f"learner.algorithm.name={name} needs a teacher (set the teacher section)")
+        if self.buffer.max_staleness < 0:
+            raise ValueError("buffer.max_staleness must be >= 0")
+        if self.rollout.num_envs < self.rollout.group_size:
+            raise ValueError(f"rollout.num_envs ({self.rollout.num_envs}) must hold one group "
+                             f"(rollout.group_size={self.rollout.group_size})")
+        return self
+
+
+def connect(config: ClusterConfig):
+    from cluster.local import configure_loopback
+
+    configure_loopback()
+    import ray
+
+    address = config.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        return ray.init(address=address)
+    from cluster.local import init_local_ray
+
+    return init_local_ray(num_cpus=config.num_cpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="YAML file with JobConfig sections")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and resource plan")
+    parser.add_argument("--resume", help="continue the run in this directory from its latest checkpoint")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    args = parser.parse_args(argv)
+    config_path = args.config
+    if args.resume and not config_path:
+        config_path = str(Path(args.resume) / "config.yaml")
+    try:
+        config = load_config(JobConfig, config_path, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.resume:
+        config = config.model_copy(update={"run": config.run.model_copy(update={"dir": args.resume})})
+    if args.dry_run:
+        print(dump_config(config))
+        print(config.cluster.plan.describe())
+        return 0
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from jobs.training import TrainingRun
+
+    connect(config.cluster)
+    run = TrainingRun(config, resume=bool(args.resume))
+    stop = {"requested": False}
+
+    def request_stop(signum, _frame):
+        print(f"signal {signum}: stopping after this step", flush=True)
+        stop["requested"] = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        run.start()
+        run.loop(lambda: stop["requested"])
+    finally:
+        run.close()
+    print(json.dumps({"final_version": run.version, "run_dir": str(run.dir)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

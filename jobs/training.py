@@ -1,0 +1,206 @@
+"""The pieces of one training run and its driver loop (jobs/train.py explains the loop)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.config import dump_config
+
+
+class TrainingRun:
+    """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
+
+    def __init__(self, config, resume: bool = False) -> None:
+        import ray
+
+        from actors.pool import RolloutPool
+        from buffer.actor import create_buffer_actor
+        from cluster.metrics import MetricsExporter
+        from cluster.plan import reserve
+        from envs.babyai_text import BabyAITextEnv
+        from learner.group import LearnerGroup
+        from teacher.service import create_teacher_service
+
+        self.config = config
+        self.dir = Path(config.run.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (self.dir / "config.yaml").write_text(dump_config(config))
+        plan = config.cluster.plan
+        self.placement_group, strategies = reserve(plan)
+        self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
+        self.buffer = create_buffer_actor(config.buffer)
+        self.teacher = None
+        if config.teacher is not None:
+            env = BabyAITextEnv(config.rollout.env)
+            self.teacher = create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools,
+                                                  num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
+                                                  scheduling_strategy=strategies["teacher"][0])
+        rollout = config.rollout.model_copy(update={
+            "algorithm": config.learner.algorithm,
+            "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
+        self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teacher,
+                                num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
+                                placement=strategies["rollout"])
+        self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
+                                    num_gpus=plan.learner.gpus, placement=strategies["learner"])
+        self.rows: list[dict] = []
+        self.version = 0
+        if resume:
+            self._resume()
+        self._ray = ray
+
+    def _resume(self) -> None:
+        latest = self.dir / "checkpoints" / "latest"
+        if not latest.exists():
+            raise ValueError(f"--resume {self.dir}: no checkpoint there (missing {latest})")
+        path = self.dir / "checkpoints" / latest.read_text().strip()
+        extra = self.learner.load(str(path))
+        self.version = self.learner.version()
+        metrics = self.dir / "metrics.parquet"
+        if metrics.exists():
+            self.rows = [r for r in pq.read_table(metrics).to_pylist() if r["version"] <= self.version]
+        print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
+
+    def start(self) -> None:
+        import ray
+
+        if self.version > 0:
+            ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+            ray.get(self.buffer.set_version.remote(self.version))
+        self.pool.start()
+
+    def loop(self, should_stop: Callable[[], bool]) -> None:
+        import ray
+
+        run = self.config.run
+        B = self.config.buffer.batch_size
+        last = time.perf_counter()
+        while self.version < run.steps and not should_stop():
+            self.pool.poll()
+            wait_start = time.perf_counter()
+            batch = ray.get(self.buffer.get.remote(B, learner_version=self.version, timeout_s=run.batch_timeout_s))
+            idle = time.perf_counter() - wait_start
+            if batch.num_samples < B:
+                print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s", flush=True)
+                if batch.num_samples == 0:
+                    continue
+            stats = self.learner.train(batch)
+            self.version = int(stats["version"])
+            sync = 0.0
+            if self.version % run.publish_every == 0:
+                start = time.perf_counter()
+                ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+                sync = time.perf_counter() - start
+            ray.get(self.buffer.set_version.remote(self.version))
+            versions = [v for vs in batch.policy_versions for v in vs]
+            row = self._record(stats, versions, idle, sync, time.perf_counter() - last)
+            last = time.perf_counter()
+            if run.eval_every and self.version % run.eval_every == 0:
+                self._evaluate(row)
+            self.rows.append(row)
+            print(self._line(row), flush=True)
+            if self.version % run.checkpoint_every == 0:
+                self.checkpoint()
+        if self.version % run.checkpoint_every or not (self.dir / "checkpoints" / "latest").exists():
+            self.checkpoint()
+
+    def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> dict:
+        import ray
+
+        buffer = ray.get(self.buffer.stats.remote())
+        workers = self.pool.stats()
+        teacher = ray.get(self.teacher.stats.remote()) if self.teacher is not None else {}
+        staleness = [self.version - 1 - v for v in versions]
+        m = self.metrics
+        m.set("learner_version", self.version)
+        m.set("learner_step_seconds", stats["step_s"])
+        m.set("learner_idle_seconds", idle)
+        m.set("weight_sync_seconds", sync)
+        m.set("buffer_occupancy", buffer["occupancy"])
+        for s, n in Counter(staleness).items():
+            m.observe("consumed_staleness", s, n)
+        turns = sum(w.get("num_turns", 0) for w in workers)
+        errors = sum(w.get("num_format_errors", 0) for w in workers)
+        tokens = sum(w.get("num_response_tokens", 0) for w in workers)
+        previous = self.rows[-1] if self.rows else {}
+        m.set("rollout_tokens_per_s", max(0.0, tokens - previous.get("rollout_tokens", 0)) / max(wall, 1e-9))
+        m.set("format_error_rate", errors / max(turns, 1))
+        m.set("opd_reverse_kl", stats["reverse_kl"])
+        m.set("opd_lambda", self.config.learner.algorithm.opd_lambda)
+        m.set("teacher_retired", 0.0)
+        if teacher:
+            m.set("teacher_latency_seconds", teacher["latency_p50_s"])
+            m.set("teacher_batch_turns", teacher["mean_batch_turns"])
+        episodes = sum(w.get("num_episodes", 0) for w in workers)
+        successes = sum(w.get("num_successes", 0) for w in workers)
+        m.inc("episodes", successes - previous.get("successes", 0), task_type="all", outcome="success")
+        m.inc("episodes", (episodes - successes) - (previous.get("episodes", 0) - previous.get("successes", 0)),
+              task_type="all", outcome="failure")
+        m.inc("buffer_dropped", buffer["num_dropped_stale"] - previous.get("dropped_stale", 0), reason="stale")
+        m.inc("buffer_dropped", buffer["num_evicted"] - previous.get("evicted", 0), reason="evicted")
+        return {
+            "version": self.version, "time": time.time(), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
+            "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "clip_frac": stats["clip_frac"],
+            "mismatch_kl": stats["mismatch_kl"], "num_samples": len(versions),
+            "num_loss_tokens": stats["num_loss_tokens"], "max_staleness": max(staleness) if staleness else 0,
+            "mean_staleness": sum(staleness) / max(len(staleness), 1), "sample_versions": versions,
+            "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
+            "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
+            "evicted": buffer["num_evicted"], "episodes": episodes, "successes": successes,
+            "rollout_tokens": tokens, "format_error_rate": errors / max(turns, 1),
+            "train_success_rate": successes / max(episodes, 1), "eval_success": None,
+        }
+
+    def _evaluate(self, row: dict) -> None:
+        rows = self.pool.evaluate(self.config.run.eval_split, list(range(self.config.run.eval_tasks)))
+        by_type: dict[str, list[bool]] = {}
+        for r in rows:
+            by_type.setdefault(r["task_type"], []).append(r["success"])
+        for task_type, results in by_type.items():
+            self.metrics.set("eval_success", sum(results) / len(results), task_type=task_type)
+        row["eval_success"] = sum(r["success"] for r in rows) / max(len(rows), 1)
+        self.metrics.set("eval_success", row["eval_success"], task_type="overall")
+
+    def _line(self, row: dict) -> str:
+        line = (f"step {row['version']:4d} loss {row['loss']:+.4f} rkl {row['reverse_kl']:.3f} "
+                f"samples {row['num_samples']:3d} stale<= {row['max_staleness']} "
+                f"train_sr {row['train_success_rate']:.2f} fmt_err {row['format_error_rate']:.2f} "
+                f"learn {row['learner_step_s']:.2f}s idle {row['learner_idle_s']:.2f}s sync {row['weight_sync_s']:.2f}s")
+        if row["eval_success"] is not None:
+            line += f" eval {row['eval_success']:.2f}"
+        return line
+
+    def checkpoint(self) -> Path:
+        name = f"step_{self.version:06d}"
+        path = self.learner.save(str(self.dir / "checkpoints" / name), extra={"version": self.version})
+        (self.dir / "checkpoints" / "latest").write_text(name)
+        self.write_metrics()
+        return Path(path)
+
+    def write_metrics(self) -> None:
+        if self.rows:
+            pq.write_table(pa.Table.from_pylist(self.rows), self.dir / "metrics.parquet")
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            if self.pool.workers:
+                self.pool.stop()
+        finally:
+            self.write_metrics()
+            self.metrics.close()
+            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + \
+                    ([self.teacher] if self.teacher is not None else []):
+                ray.kill(actor)
+            remove_placement_group(self.placement_group)
+            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows)}))

@@ -1,0 +1,125 @@
+"""`python -m jobs.train` for real: a short run, its metrics endpoint, Parquet, checkpoint and resume;
+the same job through `ray job submit` against a head this test starts and stops."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.local import LOOPBACK_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
+         "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "run.eval_every=2", "run.eval_tasks=4",
+         "run.checkpoint_every=2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env():
+    # The head and the job's `python` must be this environment's (where apprentice is installed).
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    return {**os.environ, **LOOPBACK_ENV, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "PATH": path}
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        return response.read().decode()
+
+
+def test_train_checkpoint_metrics_and_resume(tmp_path):
+    run_dir, port = tmp_path / "run", free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=4",
+                             f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    scraped = ""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            text = scrape(port)
+            if "apprentice_learner_version 2.0" in text or "apprentice_learner_version 3.0" in text:
+                scraped = text
+        except OSError:
+            pass
+        time.sleep(0.2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "step    4" in out and '"final_version": 4' in out
+    for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
+                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success"):
+        assert f"apprentice_{name}" in scraped, name
+    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in table] == [1, 2, 3, 4]
+    for row in table:
+        staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
+        assert staleness and max(staleness) <= 2 and min(staleness) >= 0
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000004"
+
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
+                              f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from" in resumed.stdout and "at version 4" in resumed.stdout
+    assert "step    5" in resumed.stdout and "step    1 " not in resumed.stdout
+    assert [r["version"] for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_bad_job_config_fails_before_any_actor(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "learner.algorithm.name=opd", "teacher=null",
+                           f"run.dir={tmp_path}"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "needs a teacher" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "rollout.num_env=3"], cwd=ROOT, env=job_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown key 'rollout.num_env'" in proc.stderr
+
+
+def test_gpu8_config_passes_dry_run():
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_opd_qwen3_gpu8.yaml",
+                           "--dry-run"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "resource plan (gpu-8)" in proc.stdout and "total    16 CPU, 8 GPU" in proc.stdout
+
+
+def test_the_same_job_through_ray_job_submit(tmp_path):
+    ray_bin = Path(sys.executable).with_name("ray")
+    gcs, dashboard = free_port(), free_port()
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
+                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-cpus=2",
+                             "--include-dashboard=true", "--disable-usage-stats"],
+                            cwd=tmp_path, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        address = f"http://127.0.0.1:{dashboard}"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{address}/api/version", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        submit = subprocess.run(
+            [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+             "python", "-m", "jobs.train", *SHORT, f"run.dir={tmp_path / 'run'}", "run.steps=2",
+             "run.metrics_port=null"],
+            cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        assert "step    2" in submit.stdout
+        job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submit.stdout + submit.stderr).group(1)
+        status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert "succeeded" in (status.stdout + status.stderr).lower()
+    finally:
+        os.killpg(head.pid, 15)
+        head.wait(timeout=60)
