@@ -111,6 +111,8 @@ class TrainingRun:
                 self.checkpoint()
         if self.version % run.checkpoint_every or not (self.dir / "checkpoints" / "latest").exists():
             self.checkpoint()
+        # The final policy as a HF directory: jobs.evaluate and the engines load it.
+        self.learner.export_hf(str(self.dir / "hf"))
 
     def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> dict:
         import ray
