@@ -114,7 +114,8 @@ class RolloutWorker:
         self._pending_weights = None
         start = time.perf_counter()
         state = weights_as_tensors(await ref)
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.update_weights, state, version)
+        async with self._engine_lock:  # an eval may be generating on another thread
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.update_weights, state, version)
         self._stats["weight_sync_s"] += time.perf_counter() - start
         self._stats["num_weight_updates"] += 1
 
