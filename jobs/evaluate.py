@@ -123,7 +123,7 @@ def build_policy(config: EvaluateConfig):
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id,
-                      stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id])
+                      stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")])
     return ModelPolicy(engine, tokenizer, config.sampling, config.loop)
 
 

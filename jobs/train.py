@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

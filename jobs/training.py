@@ -18,7 +18,6 @@ class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
     def __init__(self, config, resume: bool = False) -> None:
-        import ray
 
         from actors.pool import RolloutPool
         from buffer.actor import create_buffer_actor
@@ -55,7 +54,6 @@ class TrainingRun:
         self.version = 0
         if resume:
             self._resume()
-        self._ray = ray
 
     def _resume(self) -> None:
         latest = self.dir / "checkpoints" / "latest"

@@ -1,7 +1,6 @@
 """`python -m jobs.train` for real: a short run, its metrics endpoint, Parquet, checkpoint and resume;
 the same job through `ray job submit` against a head this test starts and stops."""
 
-import json
 import os
 import re
 import socket
@@ -12,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from cluster.local import LOOPBACK_ENV
 

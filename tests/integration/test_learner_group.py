@@ -1,6 +1,5 @@
 """Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume."""
 
-import dataclasses
 
 import pytest
 

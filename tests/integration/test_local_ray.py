@@ -3,7 +3,6 @@
 import os
 import subprocess
 
-import pytest
 
 
 def _listening_ports_of(pids: set[int]) -> list[str]:

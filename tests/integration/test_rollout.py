@@ -4,7 +4,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from actors.agent_loop import LoopConfig
 from actors.engine import SamplingConfig

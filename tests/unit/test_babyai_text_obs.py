@@ -5,7 +5,7 @@ import pytest
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
 from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
-from minigrid.core.world_object import Ball, Box, Door, Key, Wall
+from minigrid.core.world_object import Ball, Box, Door, Key
 from minigrid.minigrid_env import MiniGridEnv
 
 from envs.babyai_text import BabyAITextEnv
