@@ -134,6 +134,47 @@ class Policy(Protocol):
         ...
 
 
+class ChatPrompter:
+    """Prompt token ids of an episode's next turn, from the tokenizer's chat template.
+
+    Given the previous turn's `Response`, the prompt extends it token-for-token (see the
+    module docstring); otherwise it is rendered from messages.
+    """
+
+    def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>") -> None:
+        self.tokenizer = tokenizer
+        self.loop = loop
+        self.stop_token = stop_token
+        self.stop_id = tokenizer.convert_tokens_to_ids(stop_token)
+        if self.stop_id is None or self.stop_id == tokenizer.unk_token_id:
+            raise ValueError(f"end-of-turn token {stop_token!r} is not in the tokenizer's vocabulary")
+
+    def _render(self, messages, ep: EpisodeState, generation_prompt: bool, tokenize: bool):
+        return self.tokenizer.apply_chat_template(messages, tools=ep.env.tools, add_generation_prompt=generation_prompt,
+                                                  tokenize=tokenize, return_dict=False)
+
+    def prompt_ids(self, ep: EpisodeState, last: Response | None) -> list[int]:
+        messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
+                                   ep.history)
+        window = self.loop.prompt.history_window
+        if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
+            tail = self._tail_ids(messages, ep)
+            if tail is not None:
+                closed = last.response_ids if last.finish_reason == "stop" else last.response_ids + (self.stop_id,)
+                return list(last.prompt_ids + closed) + tail
+        return self._render(messages, ep, generation_prompt=True, tokenize=True)
+
+    def _tail_ids(self, messages, ep: EpisodeState) -> list[int] | None:
+        """Tokens the template adds after the last assistant turn's end-of-turn token."""
+        before = self._render(messages[:-1], ep, generation_prompt=False, tokenize=False)
+        after = self._render(messages, ep, generation_prompt=True, tokenize=False)
+        end = before.rfind(self.stop_token)
+        if not after.startswith(before) or end < 0:
+            return None
+        tail = before[end + len(self.stop_token):] + after[len(before):]
+        return self.tokenizer.encode(tail, add_special_tokens=False)
+
+
 class ModelPolicy:
     """A language model behind an `InferenceEngine`, prompted with the tokenizer's chat template."""
 
@@ -143,17 +184,14 @@ class ModelPolicy:
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.loop = loop
-        self.stop_token = stop_token
-        self.stop_id = tokenizer.convert_tokens_to_ids(stop_token)
-        if self.stop_id is None or self.stop_id == tokenizer.unk_token_id:
-            raise ValueError(f"end-of-turn token {stop_token!r} is not in the tokenizer's vocabulary")
+        self.prompter = ChatPrompter(tokenizer, loop, stop_token)
 
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses: list[Response | None] = [None] * len(episodes)
         budgets: dict[int, list[int]] = {}
         prompts = []
         for i, ep in enumerate(episodes):
-            prompt = self._prompt_ids(ep)
+            prompt = self.prompter.prompt_ids(ep, ep.policy_state)
             prompts.append(prompt)
             room = self.loop.max_context_tokens - len(prompt)
             if room < 1:
@@ -172,32 +210,6 @@ class ModelPolicy:
                     finish_reason=g.finish_reason, policy_version=version)
                 episodes[i].policy_state = responses[i]
         return responses
-
-    def _render(self, messages, ep: EpisodeState, generation_prompt: bool, tokenize: bool):
-        return self.tokenizer.apply_chat_template(messages, tools=ep.env.tools, add_generation_prompt=generation_prompt,
-                                                  tokenize=tokenize, return_dict=False)
-
-    def _prompt_ids(self, ep: EpisodeState) -> list[int]:
-        messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
-                                   ep.history)
-        last: Response | None = ep.policy_state
-        window = self.loop.prompt.history_window
-        if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
-            tail = self._tail_ids(messages, ep)
-            if tail is not None:
-                closed = last.response_ids if last.finish_reason == "stop" else last.response_ids + (self.stop_id,)
-                return list(last.prompt_ids + closed) + tail
-        return self._render(messages, ep, generation_prompt=True, tokenize=True)
-
-    def _tail_ids(self, messages, ep: EpisodeState) -> list[int] | None:
-        """Tokens the template adds after the last assistant turn's end-of-turn token."""
-        before = self._render(messages[:-1], ep, generation_prompt=False, tokenize=False)
-        after = self._render(messages, ep, generation_prompt=True, tokenize=False)
-        end = before.rfind(self.stop_token)
-        if not after.startswith(before) or end < 0:
-            return None
-        tail = before[end + len(self.stop_token):] + after[len(before):]
-        return self.tokenizer.encode(tail, add_special_tokens=False)
 
 
 class EpisodeRunner:

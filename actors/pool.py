@@ -15,9 +15,9 @@ from learner.models import ModelConfig
 
 
 class RolloutPool:
-    """Driver-side handle on the workers."""
+    """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers)."""
 
-    def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teacher=None,
+    def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None) -> None:
         import ray
@@ -33,6 +33,7 @@ class RolloutPool:
                                        "max_task_retries": 0, "max_concurrency": 8}
             if placement is not None:
                 options["scheduling_strategy"] = placement[i]
+            teacher = teachers[i % len(teachers)] if teachers else None
             self.workers.append(actor.options(**options).remote(i, num_workers, config, model, buffer, teacher))
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None

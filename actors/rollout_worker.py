@@ -77,6 +77,7 @@ class RolloutWorker:
 
     def __init__(self, worker_index: int, num_workers: int, config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None) -> None:
+        from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
         if config.num_envs < config.group_size:
@@ -92,6 +93,7 @@ class RolloutWorker:
         self._pending_weights: tuple[Any, int] | None = None
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
+        self.metrics = ActorMetrics("rollout", self.owner)
 
     def pid(self) -> int:
         return os.getpid()
@@ -117,6 +119,7 @@ class RolloutWorker:
         async with self._engine_lock:  # an eval may be generating on another thread
             await asyncio.get_running_loop().run_in_executor(None, self.engine.update_weights, state, version)
         self._stats["weight_sync_s"] += time.perf_counter() - start
+        self.metrics.observe("weight_load_seconds", time.perf_counter() - start)
         self._stats["num_weight_updates"] += 1
 
     def _lease(self, index: int) -> GroupLease:
@@ -164,10 +167,18 @@ class RolloutWorker:
                 self._stats["num_turns"] += result.num_turns
                 self._stats["num_format_errors"] += result.num_format_errors
                 self._stats["num_response_tokens"] += sum(len(t.response_ids) for t in result.trajectory.turns)
+                self._record(result)
                 if len(groups[group_id]) == G:
                     await self._deliver(group_id, groups.pop(group_id))
                     completed += 1
         return dict(self._stats)
+
+    def _record(self, result: EpisodeResult) -> None:
+        m = self.metrics
+        m.inc("episodes", task_type=result.info.task_type, outcome="success" if result.success else "failure")
+        m.inc("rollout_tokens", sum(len(t.response_ids) for t in result.trajectory.turns))
+        m.inc("rollout_turns", result.num_turns - result.num_format_errors, format="ok")
+        m.inc("rollout_turns", result.num_format_errors, format="error")
 
     async def _deliver(self, group_id: str, results: list[EpisodeResult]) -> None:
         from buffer.actor import encode_trajectories

@@ -87,6 +87,8 @@ class ReplayBuffer:
     """Async actor body; start it with `create_buffer_actor`."""
 
     def __init__(self, config: BufferConfig) -> None:
+        from cluster.metrics import ActorMetrics
+
         self.config = config
         # Ring payload: (table key, row). Tables: key -> [ObjectRef, rows still resident].
         self._tables: dict[int, list[Any]] = {}
@@ -99,6 +101,8 @@ class ReplayBuffer:
         self._num_duplicates = 0
         self._version = 0
         self._new_data = asyncio.Event()
+        self.metrics = ActorMetrics("buffer", "buffer")
+        self._exported = {"evicted": 0, "stale": 0}
 
     async def admit_group(self, lease: GroupLease) -> bool:
         """Admit a whole group of `lease.group_size` episodes, or refuse (the caller waits and retries)."""
@@ -143,6 +147,7 @@ class ReplayBuffer:
         if num_episodes:
             self._admission.finish(num_episodes, samples.num_samples)
         self._new_data.set()
+        self._export()
         return evicted
 
     async def get(self, n: int, learner_version: int, timeout_s: float = 60.0) -> SampleBatch:
@@ -170,6 +175,8 @@ class ReplayBuffer:
         refs = tuple(self._tables[key][0] for key in by_table)
         for entry in taken:
             self._release(entry.payload[0])
+            self.metrics.observe("consumed_staleness", self._version - entry.version)
+        self._export()
         return SampleBatch(refs, tuple(tuple(r) for r, _ in by_table.values()),
                            tuple(tuple(v) for _, v in by_table.values()))
 
@@ -209,7 +216,16 @@ class ReplayBuffer:
         if learner_version < self._version:
             raise ValueError(f"learner version went backwards: {learner_version} < {self._version}")
         self._version = learner_version
-        return self._ring.drop_stale(learner_version)
+        dropped = self._ring.drop_stale(learner_version)
+        self._export()
+        return dropped
+
+    def _export(self) -> None:
+        c = self._ring.counters
+        self.metrics.set("buffer_occupancy", len(self._ring) / self._ring.capacity)
+        for reason, total in (("evicted", c.evicted), ("stale", c.dropped_stale)):
+            self.metrics.inc("buffer_dropped", total - self._exported[reason], reason=reason)
+            self._exported[reason] = total
 
     def _release(self, key: int) -> None:
         held = self._tables[key]

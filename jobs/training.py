@@ -36,16 +36,18 @@ class TrainingRun:
         self.placement_group, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
         self.buffer = create_buffer_actor(config.buffer)
-        self.teacher = None
+        # One service per teacher bundle; rollout worker i sends its groups to teacher i mod M.
+        self.teachers = []
         if config.teacher is not None:
             env = BabyAITextEnv(config.rollout.env)
-            self.teacher = create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools,
-                                                  num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
-                                                  scheduling_strategy=strategies["teacher"][0])
+            self.teachers = [create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools, index=j,
+                                                    num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
+                                                    scheduling_strategy=strategies["teacher"][j])
+                             for j in range(plan.teacher.count)]
         rollout = config.rollout.model_copy(update={
             "algorithm": config.learner.algorithm,
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
-        self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teacher,
+        self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"])
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
@@ -117,7 +119,7 @@ class TrainingRun:
 
         buffer = ray.get(self.buffer.stats.remote())
         workers = self.pool.stats()
-        teacher = ray.get(self.teacher.stats.remote()) if self.teacher is not None else {}
+        teachers = ray.get([t.stats.remote() for t in self.teachers])
         staleness = [self.version - 1 - v for v in versions]
         m = self.metrics
         m.set("learner_version", self.version)
@@ -136,9 +138,9 @@ class TrainingRun:
         m.set("opd_reverse_kl", stats["reverse_kl"])
         m.set("opd_lambda", self.config.learner.algorithm.opd_lambda)
         m.set("teacher_retired", 0.0)
-        if teacher:
-            m.set("teacher_latency_seconds", teacher["latency_p50_s"])
-            m.set("teacher_batch_turns", teacher["mean_batch_turns"])
+        if teachers:
+            m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
+            m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))
         episodes = sum(w.get("num_episodes", 0) for w in workers)
         successes = sum(w.get("num_successes", 0) for w in workers)
         m.inc("episodes", successes - previous.get("successes", 0), task_type="all", outcome="success")
@@ -199,8 +201,7 @@ class TrainingRun:
         finally:
             self.write_metrics()
             self.metrics.close()
-            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + \
-                    ([self.teacher] if self.teacher is not None else []):
+            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers:
                 ray.kill(actor)
             remove_placement_group(self.placement_group)
             (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows)}))

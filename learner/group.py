@@ -43,6 +43,8 @@ class LearnerRank:
         import torch
         import torch.distributed as dist
 
+        from cluster.metrics import ActorMetrics
+
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(master_port)
         device = "cuda" if backend == "nccl" else "cpu"
@@ -50,11 +52,16 @@ class LearnerRank:
             torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU
         dist.init_process_group(backend, rank=rank, world_size=world_size)
         self.trainer = Trainer(config, model, device=device)
+        self.metrics = ActorMetrics("learner", f"learner-{rank}")
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
         t = self.trainer
         samples = shard_by_episode(table_to_samples(fetch_samples(batch)), t.rank, t.world_size)
-        return t.train_step(to_sequences(samples, packing=t.config.packing), algorithm)
+        stats = t.train_step(to_sequences(samples, packing=t.config.packing), algorithm)
+        self.metrics.set("learner_version", stats["version"])
+        self.metrics.set("learner_step_seconds", stats["step_s"])
+        self.metrics.set("opd_reverse_kl", stats["reverse_kl"])
+        return stats
 
     def publish(self) -> list | None:
         """Rank 0 returns [ObjectRef] of the full state dict as numpy arrays (read zero-copy by

@@ -141,9 +141,12 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_p
 class TeacherService:
     """Async actor body: `score` requests are micro-batched across callers."""
 
-    def __init__(self, config: TeacherConfig, scorer: TrajectoryScorer) -> None:
+    def __init__(self, config: TeacherConfig, scorer: TrajectoryScorer, name: str = "teacher-0") -> None:
+        from cluster.metrics import ActorMetrics
+
         self.config = config
         self.scorer = scorer
+        self.metrics = ActorMetrics("teacher", name)
         self._queue: deque[tuple[list[Trajectory], asyncio.Future, float]] = deque()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -195,11 +198,13 @@ class TeacherService:
             self._num_batches += 1
             self._num_turns += turns
             self._batch_sizes.append(turns)
+            self.metrics.set("teacher_batch_turns", turns)
             now, i = time.monotonic(), 0
             for trajs, future, start in batch:
                 future.set_result([with_teacher_logprobs(t, s) for t, s in zip(trajs, scores[i:i + len(trajs)])])
                 i += len(trajs)
                 self._latencies.append(now - start)
+                self.metrics.observe("teacher_request_seconds", now - start)
 
     def _queued_turns(self) -> int:
         return sum(t.num_turns for item in self._queue for t in item[0])
@@ -220,13 +225,16 @@ class TeacherService:
 class _ServiceActor(TeacherService):
     """Builds its own scorer inside the actor (models load where they run)."""
 
-    def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools) -> None:
-        super().__init__(config, build_scorer(config, student_model, system_prompt, tools))
+    def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
+                 name: str) -> None:
+        super().__init__(config, build_scorer(config, student_model, system_prompt, tools), name)
 
 
-def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools, **options):
-    """Start a TeacherService actor."""
+def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
+                           index: int = 0, **options):
+    """Start the TeacherService actor `teacher-<index>`."""
     import ray
 
     options.setdefault("num_cpus", 1)
-    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools)
+    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools,
+                                                               f"teacher-{index}")

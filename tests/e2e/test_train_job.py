@@ -92,9 +92,10 @@ def test_gpu8_config_passes_dry_run():
 
 def test_the_same_job_through_ray_job_submit(tmp_path):
     ray_bin = Path(sys.executable).with_name("ray")
-    gcs, dashboard = free_port(), free_port()
+    gcs, dashboard, ray_metrics = free_port(), free_port(), free_port()
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-cpus=2",
+                             f"--metrics-export-port={ray_metrics}",
                              "--include-dashboard=true", "--disable-usage-stats"],
                             cwd=tmp_path, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -107,14 +108,30 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
                 break
             except OSError:
                 time.sleep(1)
-        submit = subprocess.run(
+        submit = subprocess.Popen(
             [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-             "python", "-m", "jobs.train", *SHORT, f"run.dir={tmp_path / 'run'}", "run.steps=2",
+             "python", "-m", "jobs.train", *SHORT, f"run.dir={tmp_path / 'run'}", "run.steps=6",
              "run.metrics_port=null"],
-            cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
-        assert submit.returncode == 0, submit.stdout + submit.stderr
-        assert "step    2" in submit.stdout
-        job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submit.stdout + submit.stderr).group(1)
+            cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The actors' ray.util.metrics series live on Ray's metrics port only while the actors do.
+        wanted = {f"ray_apprentice_{name}" for name in (
+            "learner_version", "learner_step_seconds", "opd_reverse_kl", "buffer_occupancy",
+            "consumed_staleness_bucket", "episodes_total", "rollout_tokens_total", "rollout_turns_total",
+            "teacher_request_seconds_bucket", "teacher_batch_turns")}
+        seen: set[str] = set()
+        deadline = time.monotonic() + 600
+        while submit.poll() is None and time.monotonic() < deadline and seen != wanted:
+            try:
+                text = scrape(ray_metrics)
+                seen |= {name for name in wanted if f"\n{name}{{" in text}
+            except OSError:
+                pass
+            time.sleep(1)
+        out, _ = submit.communicate(timeout=600)
+        assert submit.returncode == 0, out
+        assert "step    6" in out
+        assert seen == wanted, f"missing on Ray's metrics endpoint: {sorted(wanted - seen)}"
+        job_id = re.search(r"Job '(raysubmit_\w+)' submitted", out).group(1)
         status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
                                 capture_output=True, text=True, timeout=60)
         assert "succeeded" in (status.stdout + status.stderr).lower()

@@ -38,7 +38,7 @@ def test_pool_with_oracle_teacher_fills_the_buffer(ray_session):
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
                                      BabyAITextEnv.system_prompt, BabyAITextEnv().tools, num_cpus=0)
-    pool = RolloutPool(2, rollout_config(), NANO, buffer, teacher, num_cpus=0.5)
+    pool = RolloutPool(2, rollout_config(), NANO, buffer, [teacher], num_cpus=0.5)
     pool.start(max_groups_per_worker=3)
     pool.wait(timeout_s=300)
     samples = drain(ray, buffer)

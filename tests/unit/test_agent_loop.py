@@ -1,5 +1,6 @@
 """The batched agent loop, token-in/token-out prompts and the HF engine on the tiny model (no Ray)."""
 
+import json
 import math
 
 import pytest
@@ -7,10 +8,12 @@ import torch
 
 from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, Response, run_episodes
 from actors.engine import SamplingConfig
-from actors.expert import ExpertPolicy
+from actors.expert import DemonstrationPolicy, ExpertPolicy
 from actors.hf_engine import HFEngine
 from buffer.expansion import can_pack, expand
 from envs.babyai_text import BabyAITextEnv
+from envs.parser import format_tool_call
+from envs.protocol import ToolCall
 from envs.prompt import PromptConfig
 from envs.rewards import RewardConfig
 from learner.models import ModelConfig, load_model, load_tokenizer
@@ -33,12 +36,12 @@ class ScriptedTokens:
         self.policy, self.text, self.finish_reason = policy, text, finish_reason
         tok = policy.tokenizer
         self.ids = tuple(tok.encode(text, add_special_tokens=False)) + \
-            ((policy.stop_id,) if finish_reason == "stop" else ())
+            ((policy.prompter.stop_id,) if finish_reason == "stop" else ())
 
     def respond(self, episodes):
         out = []
         for ep in episodes:
-            prompt = self.policy._prompt_ids(ep)
+            prompt = self.policy.prompter.prompt_ids(ep, ep.policy_state)
             r = Response(self.text, tuple(prompt), self.ids, tuple(-0.1 for _ in self.ids), self.finish_reason, 7)
             ep.policy_state = r
             out.append(r)
@@ -63,6 +66,23 @@ def test_expert_policy_solves_tasks_batched():
     assert [(r.task.split, r.task.seed) for r in results] == [("eval50", s) for s in range(12)]
     assert all(r.success and r.num_format_errors == 0 and r.truncated is None for r in results)
     assert all(r.reward.total == 1.5 and r.trajectory is None for r in results)
+
+
+def test_demonstrations_are_the_bots_calls_in_the_students_token_format(engine_and_tokenizer):
+    _, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=64, prompt=PromptConfig(history_window="all"))
+    demos = run_episodes(BabyAITextEnv, tasks("train", range(4)), DemonstrationPolicy(tok, loop), loop, batch_size=4)
+    bot = run_episodes(BabyAITextEnv, tasks("train", range(4)), ExpertPolicy(), loop, batch_size=4)
+    assert [(d.success, d.num_turns) for d in demos] == [(b.success, b.num_turns) for b in bot]
+    assert all(d.success and d.num_format_errors == 0 for d in demos)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for d in demos:
+        traj = d.trajectory
+        assert can_pack(expand(traj))
+        for turn in traj.turns:
+            assert turn.response_ids[-1] == end and set(turn.behaviour_logprobs) == {0.0}
+            call = json.loads(turn.executed_call)
+            assert tok.decode(turn.response_ids[:-1]) == format_tool_call(ToolCall(call["name"], call["arguments"]))
 
 
 def test_strict_malformed_turns_do_not_act_and_end_at_max_turns():
@@ -109,7 +129,7 @@ def test_truncated_responses_are_closed_and_windowed_prompts_re_rendered(engine_
     traj = run_episodes(BabyAITextEnv, tasks("train", [3]), scripted, loop)[0].trajectory
     first, second, third = traj.turns[:3]
     assert second.prompt_ids[:len(first.prompt_ids) + len(first.response_ids) + 1] == \
-        first.prompt_ids + first.response_ids + (policy.stop_id,)
+        first.prompt_ids + first.response_ids + (policy.prompter.stop_id,)
     assert all(t.finish_reason == "length" for t in traj.turns)
     # Turn 3 shows only 1 of 2 past turns: re-rendered, so it no longer extends turn 2.
     assert third.prompt_ids[:len(second.prompt_ids)] != second.prompt_ids

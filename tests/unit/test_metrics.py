@@ -1,0 +1,37 @@
+"""The metrics catalogue and the actor-side recorder (no Ray: recording outside a worker is a no-op)."""
+
+import pytest
+
+from cluster.metrics import CATALOGUE, ActorMetrics, MetricsExporter
+
+
+def test_catalogue_is_consistent():
+    names = [m.name for m in CATALOGUE]
+    assert len(names) == len(set(names))
+    for m in CATALOGUE:
+        assert m.recorded_by, m.name
+        if m.kind == "histogram":
+            assert m.buckets and all(b > 0 for b in m.buckets) and list(m.buckets) == sorted(set(m.buckets)), m.name
+        assert "actor" not in m.labels, m.name  # ActorMetrics adds it
+
+
+def test_actor_metrics_take_only_their_components_families():
+    metrics = ActorMetrics("buffer", "buffer")
+    assert set(metrics.series) == {m.name for m in CATALOGUE if "buffer" in m.recorded_by}
+    metrics.set("buffer_occupancy", 0.5)
+    metrics.inc("buffer_dropped", 3, reason="stale")
+    metrics.observe("consumed_staleness", 1)
+    with pytest.raises(KeyError, match="'learner_version' is not recorded by 'buffer'"):
+        metrics.set("learner_version", 1)
+
+
+def test_driver_exporter_serves_its_families():
+    from prometheus_client import generate_latest
+
+    exporter = MetricsExporter(port=None)
+    exporter.set("learner_version", 3)
+    exporter.observe("consumed_staleness", 2, count=4)
+    text = generate_latest(exporter.registry).decode()
+    assert "apprentice_learner_version 3.0" in text
+    assert 'apprentice_consumed_staleness_bucket{le="2.5"} 4.0' in text
+    assert "apprentice_rollout_tokens_total" not in text  # recorded by the rollout actors only
