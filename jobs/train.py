@@ -3,7 +3,8 @@
     python -m jobs.train [--config jobs/configs/babyai_opd_tiny.yaml] [key.sub=value ...]
                          [--dry-run] [--resume RUN_DIR]
 
-The loop and its back-pressure. Rollout workers run on their own from the start: each
+An optional warm start (jobs.warm_start: SFT on the bot's demonstrations) runs first and
+publishes its weights; then the loop. The loop and its back-pressure. Rollout workers run on their own from the start: each
 asks the buffer to admit a whole GRPO group before generating it, and admission only has
 room for `(Δmax + v + 1)·B` samples in total at learner version v -- so rollout runs at
 most Δmax versions ahead and never waits for the learner otherwise. Finished groups go
@@ -30,6 +31,7 @@ from actors.rollout_worker import RolloutConfig
 from buffer.actor import BufferConfig
 from cluster.plan import ResourcePlan
 from jobs.config import ConfigError, dump_config, load_config
+from jobs.warm_start import WarmStartConfig
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
 from teacher.service import TeacherConfig
@@ -53,7 +55,7 @@ class RunConfig(BaseModel):
 
     dir: str = "runs/train"
     steps: int = Field(default=30, ge=1)
-    """Learner steps (policy versions) to reach."""
+    """Learner steps of the main loop (policy versions after the warm start)."""
     publish_every: int = Field(default=1, ge=1)
     eval_every: int = Field(default=10, ge=0)
     """0 disables periodic evaluation."""
@@ -76,6 +78,7 @@ class JobConfig(BaseModel):
     teacher: TeacherConfig | None = TeacherConfig()
     buffer: BufferConfig = BufferConfig()
     learner: LearnerConfig = LearnerConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
     cluster: ClusterConfig = ClusterConfig()
     run: RunConfig = RunConfig()
 

@@ -54,6 +54,8 @@ class TrainingRun:
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"])
         self.rows: list[dict] = []
         self.version = 0
+        self.warm_steps = 0
+        """Learner versions spent on the warm start (run.steps counts the versions after it)."""
         if resume:
             self._resume()
 
@@ -64,6 +66,7 @@ class TrainingRun:
         path = self.dir / "checkpoints" / latest.read_text().strip()
         extra = self.learner.load(str(path))
         self.version = self.learner.version()
+        self.warm_steps = int(extra.get("warm_start_steps", 0))
         metrics = self.dir / "metrics.parquet"
         if metrics.exists():
             self.rows = [r for r in pq.read_table(metrics).to_pylist() if r["version"] <= self.version]
@@ -72,10 +75,52 @@ class TrainingRun:
     def start(self) -> None:
         import ray
 
+        if self.version == 0 and self.config.warm_start.num_episodes:
+            self.warm_start()
         if self.version > 0:
             ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
             ray.get(self.buffer.set_version.remote(self.version))
         self.pool.start()
+
+    def warm_start(self) -> None:
+        """SFT on the bot's demonstrations (jobs.warm_start), then a checkpoint."""
+        import ray
+
+        from buffer.actor import SampleBatch, encode_trajectories
+        from jobs.warm_start import demonstrations, epoch_batches, num_steps
+        from learner.models import load_tokenizer
+
+        ws = self.config.warm_start
+        start = time.perf_counter()
+        demos = demonstrations(ws, self.config.rollout, load_tokenizer(self.config.model))
+        if not demos:
+            raise RuntimeError(f"warm start: the bot solved none of its {ws.num_episodes} episodes within "
+                               f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
+        total = num_steps(len(demos), ws)
+        print(f"warm start: the bot solved {len(demos)}/{ws.num_episodes} episodes "
+              f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
+        sft = self.config.learner.algorithm.model_copy(update={"name": "sft"})
+        rows = []
+        for episodes in epoch_batches(demos, ws):
+            encoded = encode_trajectories(episodes)
+            batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),),
+                                (encoded.policy_versions,))
+            stats = self.learner.train(batch, sft, ws.lr)
+            self.version = int(stats["version"])
+            rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
+                         "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
+                         "eval_success": None})
+            print(f"sft  {self.version:4d}/{total} loss {stats['loss']:.4f} samples {encoded.num_samples:3d} "
+                  f"learn {stats['step_s']:.2f}s", flush=True)
+        self.warm_steps = self.version
+        ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+        ray.get(self.buffer.set_version.remote(self.version))
+        if self.config.run.eval_every:
+            self._evaluate(rows[-1])
+            print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
+                  f"eval {rows[-1]['eval_success']:.2f}", flush=True)
+        pq.write_table(pa.Table.from_pylist(rows), self.dir / "warm_start.parquet")
+        self.checkpoint()
 
     def loop(self, should_stop: Callable[[], bool]) -> None:
         import ray
@@ -83,7 +128,7 @@ class TrainingRun:
         run = self.config.run
         B = self.config.buffer.batch_size
         last = time.perf_counter()
-        while self.version < run.steps and not should_stop():
+        while self.version < self.warm_steps + run.steps and not should_stop():
             self.pool.poll()
             wait_start = time.perf_counter()
             batch = ray.get(self.buffer.get.remote(B, learner_version=self.version, timeout_s=run.batch_timeout_s))
@@ -103,13 +148,15 @@ class TrainingRun:
             versions = [v for vs in batch.policy_versions for v in vs]
             row = self._record(stats, versions, idle, sync, time.perf_counter() - last)
             last = time.perf_counter()
-            if run.eval_every and self.version % run.eval_every == 0:
+            step = self.version - self.warm_steps
+            if run.eval_every and step % run.eval_every == 0:
                 self._evaluate(row)
             self.rows.append(row)
             print(self._line(row), flush=True)
-            if self.version % run.checkpoint_every == 0:
+            if step % run.checkpoint_every == 0:
                 self.checkpoint()
-        if self.version % run.checkpoint_every or not (self.dir / "checkpoints" / "latest").exists():
+        if (self.version - self.warm_steps) % run.checkpoint_every or \
+                not (self.dir / "checkpoints" / "latest").exists():
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
@@ -182,7 +229,8 @@ class TrainingRun:
 
     def checkpoint(self) -> Path:
         name = f"step_{self.version:06d}"
-        path = self.learner.save(str(self.dir / "checkpoints" / name), extra={"version": self.version})
+        path = self.learner.save(str(self.dir / "checkpoints" / name),
+                                 extra={"version": self.version, "warm_start_steps": self.warm_steps})
         (self.dir / "checkpoints" / "latest").write_text(name)
         self.write_metrics()
         return Path(path)

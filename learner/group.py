@@ -54,10 +54,11 @@ class LearnerRank:
         self.trainer = Trainer(config, model, device=device)
         self.metrics = ActorMetrics("learner", f"learner-{rank}")
 
-    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
+              lr: float | None = None) -> dict[str, float]:
         t = self.trainer
         samples = shard_by_episode(table_to_samples(fetch_samples(batch)), t.rank, t.world_size)
-        stats = t.train_step(to_sequences(samples, packing=t.config.packing), algorithm)
+        stats = t.train_step(to_sequences(samples, packing=t.config.packing), algorithm, lr)
         self.metrics.set("learner_version", stats["version"])
         self.metrics.set("learner_step_seconds", stats["step_s"])
         self.metrics.set("opd_reverse_kl", stats["reverse_kl"])
@@ -118,8 +119,9 @@ class LearnerGroup:
 
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
 
-    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
-        return self._all("train", batch, algorithm)[0]
+    def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
+              lr: float | None = None) -> dict[str, float]:
+        return self._all("train", batch, algorithm, lr)[0]
 
     def publish(self):
         """ObjectRef of the full state dict (rank 0's), ready for RolloutPool.publish_weights."""

@@ -49,6 +49,8 @@ class LearnerConfig(BaseModel):
     packing: bool = True
     """Merge an episode's nested samples into one sequence (buffer.expansion)."""
     seed: int = 0
+    num_threads: int | None = Field(default=None, ge=1)
+    """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
 
 
 def lr_factor(step: int, config: LearnerConfig) -> float:
@@ -119,6 +121,8 @@ class Trainer:
         self.device = torch.device(device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(config.seed)
+        if config.num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
         self.model = load_model(model, device=str(self.device)).train()
         self.pad_token_id = self.model.config.pad_token_id or 0
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -142,8 +146,12 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    def train_step(self, sequences: list[TrainSequence], algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
-        """One optimizer step on this rank's shard of the global batch; returns global stats."""
+    def train_step(self, sequences: list[TrainSequence], algorithm: AlgorithmConfig | None = None,
+                   lr: float | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's shard of the global batch; returns global stats.
+
+        `algorithm` and `lr` override the configured loss and the schedule's rate for this step.
+        """
         start = time.perf_counter()
         cfg = algorithm or self.config.algorithm
         loss_fn = LOSSES[cfg.name]
@@ -182,7 +190,9 @@ class Trainer:
                 (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.scheduler.get_last_lr()[0] if lr is None else lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

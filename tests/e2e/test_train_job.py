@@ -17,7 +17,7 @@ from cluster.local import LOOPBACK_ENV
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
          "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "run.eval_every=2", "run.eval_tasks=4",
-         "run.checkpoint_every=2"]
+         "run.checkpoint_every=2", "warm_start.num_episodes=0"]
 
 
 def free_port() -> int:
@@ -39,7 +39,9 @@ def scrape(port: int) -> str:
 
 def test_train_checkpoint_metrics_and_resume(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=4",
+    # A small warm start too: 16 bot episodes, of which the bot solves 1 within 3 turns; 2 SFT steps.
+    warm = ["warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4"]
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, f"run.dir={run_dir}", "run.steps=4",
                              f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     scraped = ""
@@ -47,31 +49,34 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     while proc.poll() is None and time.monotonic() < deadline:
         try:
             text = scrape(port)
-            if "apprentice_learner_version 2.0" in text or "apprentice_learner_version 3.0" in text:
+            if "apprentice_learner_version 4.0" in text or "apprentice_learner_version 5.0" in text:
                 scraped = text
         except OSError:
             pass
         time.sleep(0.2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    assert "step    4" in out and '"final_version": 4' in out
+    assert "warm start: the bot solved 1/16 episodes" in out and "sft     2/2" in out
+    assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == [1, 2]
+    assert "step    6" in out and '"final_version": 6' in out
     for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
                  "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success"):
         assert f"apprentice_{name}" in scraped, name
     table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in table] == [1, 2, 3, 4]
+    assert [r["version"] for r in table] == [3, 4, 5, 6]
     for row in table:
         staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
         assert staleness and max(staleness) <= 2 and min(staleness) >= 0
-    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000004"
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000006"
 
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resumed from" in resumed.stdout and "at version 4" in resumed.stdout
-    assert "step    5" in resumed.stdout and "step    1 " not in resumed.stdout
-    assert [r["version"] for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()] == [1, 2, 3, 4, 5, 6]
+    assert "resumed from" in resumed.stdout and "at version 6" in resumed.stdout
+    assert "warm start" not in resumed.stdout  # done once, before the first checkpoint
+    assert "step    7" in resumed.stdout and "step    3 " not in resumed.stdout
+    assert [r["version"] for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()] == list(range(3, 9))
 
 
 def test_bad_job_config_fails_before_any_actor(tmp_path):

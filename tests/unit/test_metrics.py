@@ -35,3 +35,22 @@ def test_driver_exporter_serves_its_families():
     assert "apprentice_learner_version 3.0" in text
     assert 'apprentice_consumed_staleness_bucket{le="2.5"} 4.0' in text
     assert "apprentice_rollout_tokens_total" not in text  # recorded by the rollout actors only
+
+
+def test_dashboard_queries_name_catalogue_series():
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).parents[2] / "cluster" / "grafana_dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    by_name = {m.name: m for m in CATALOGUE}
+    for expr in exprs:
+        for ray_prefix, name in re.findall(r"\b(ray_)?apprentice_(\w+)", expr):
+            base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+            assert base in by_name, expr
+            recorders = set(by_name[base].recorded_by)
+            if ray_prefix:
+                assert recorders - {"driver"}, f"no actor records {base}: {expr}"
+            else:
+                assert "driver" in recorders, f"the driver does not export {base}: {expr}"

@@ -1,0 +1,62 @@
+"""Warm start: behaviour cloning of the BabyAI bot before the RL/OPD loop.
+
+The tiny students begin from random weights and would never emit a parsable tool call by
+sampling alone (every OPD token advantage is then ~0: the oracle teacher is as uniform as
+the student once a response leaves the valid calls). So, as the seeds' "SFT on teacher
+successes" baseline does, the run first trains a few epochs of SFT on the bot's successful
+episodes, rendered in the student's exact token format (`actors.expert.DemonstrationPolicy`).
+These optimizer steps are learner versions like any other; `TrainingRun` counts them apart.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from buffer.contracts import Trajectory
+
+
+class WarmStartConfig(BaseModel):
+    """SFT on bot demonstrations before the main loop; `num_episodes: 0` turns it off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_episodes: int = Field(default=0, ge=0)
+    """Bot episodes to run on the train split (only the successful ones are kept)."""
+    first_seed: int = Field(default=500_000_000, ge=0)
+    """Seeds first_seed.. of the train split: away from the rollout workers' seeds 0, 1, ..."""
+    epochs: int = Field(default=3, ge=1)
+    batch_episodes: int = Field(default=8, ge=1)
+    """Episodes per optimizer step (each packs into one sequence)."""
+    lr: float | None = Field(default=None, gt=0)
+    """Learning rate during the warm start; None keeps learner.lr."""
+    seed: int = 0
+    """Shuffling seed of the epochs."""
+
+
+def demonstrations(config: WarmStartConfig, rollout, tokenizer) -> list[Trajectory]:
+    """The bot's successful episodes as token-level trajectories (policy version 0)."""
+    from actors.agent_loop import EpisodeTask, run_episodes
+    from actors.expert import DemonstrationPolicy
+    from envs.babyai_text import BabyAITextEnv
+
+    tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
+    results = run_episodes(lambda: BabyAITextEnv(rollout.env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
+                           rollout.loop, batch_size=32)
+    return [r.trajectory for r in results if r.success]
+
+
+def epoch_batches(trajectories: list[Trajectory], config: WarmStartConfig) -> Iterator[list[Trajectory]]:
+    """`epochs` shuffled passes, `batch_episodes` episodes at a time (the last batch may be smaller)."""
+    rng = random.Random(config.seed)
+    order = list(trajectories)
+    for _ in range(config.epochs):
+        rng.shuffle(order)
+        for i in range(0, len(order), config.batch_episodes):
+            yield order[i:i + config.batch_episodes]
+
+
+def num_steps(num_demonstrations: int, config: WarmStartConfig) -> int:
+    return config.epochs * -(-num_demonstrations // config.batch_episodes)

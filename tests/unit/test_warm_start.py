@@ -1,0 +1,30 @@
+"""Warm-start demonstrations and their SFT batches (no Ray)."""
+
+from actors.agent_loop import LoopConfig
+from actors.rollout_worker import RolloutConfig
+from buffer.expansion import expand, to_sequences
+from envs.prompt import PromptConfig
+from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps
+from learner.models import ModelConfig, load_tokenizer
+
+
+def test_demonstrations_are_successful_packable_bot_episodes():
+    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
+    rollout = RolloutConfig(loop=LoopConfig(max_turns=6, prompt=PromptConfig(history_window="all")))
+    config = WarmStartConfig(num_episodes=12, first_seed=1000)
+    demos = demonstrations(config, rollout, tok)
+    # A 6-turn limit cuts some bot episodes short: only the successes are kept.
+    assert 0 < len(demos) < 12 and all(d.success and d.num_turns <= 6 for d in demos)
+    assert all(1000 <= d.task_seed < 1012 and d.split == "train" for d in demos)
+    sequences = to_sequences([s for d in demos for s in expand(d)])
+    assert len(sequences) == len(demos)  # one packed sequence per episode
+
+
+def test_epoch_batches_cover_every_episode_once_per_epoch():
+    items = list(range(10))
+    config = WarmStartConfig(num_episodes=10, epochs=3, batch_episodes=4)
+    batches = list(epoch_batches(items, config))
+    assert len(batches) == num_steps(len(items), config) == 9
+    for epoch in range(3):
+        assert sorted(x for b in batches[3 * epoch:3 * epoch + 3] for x in b) == items
+    assert batches[:3] != batches[3:6]  # reshuffled
