@@ -50,6 +50,8 @@ class RolloutConfig(BaseModel):
     loop: LoopConfig = LoopConfig()
     env: BabyAITextConfig = BabyAITextConfig()
     vllm: VLLMConfig = VLLMConfig()
+    num_threads: int | None = Field(default=None, ge=1)
+    """Torch threads of the HF engine on CPU; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
     algorithm: AlgorithmConfig | None = None
@@ -69,6 +71,8 @@ def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer):
     from actors.hf_engine import HFEngine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.num_threads is not None and device == "cpu":
+        torch.set_num_threads(config.num_threads)
     return HFEngine(load_model(model, device=device), tokenizer.pad_token_id, stops)
 
 

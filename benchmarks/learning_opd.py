@@ -19,10 +19,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-def evaluate(model_path: str, out: Path, num_tasks: int, max_turns: int) -> dict:
+def evaluate(model_path: str, out: Path, num_tasks: int, max_turns: int, max_new_tokens: int) -> dict:
     subprocess.run([sys.executable, "-m", "jobs.evaluate", f"model.path={model_path}", f"num_tasks={num_tasks}",
                     f"loop.max_turns={max_turns}", "loop.prompt.history_window=all", "num_threads=2",
-                    f"output_dir={out}"], check=True, stdout=subprocess.DEVNULL)
+                    f"sampling.max_new_tokens={max_new_tokens}", f"output_dir={out}"],
+                   check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / "results.json").read_text())["summary"]
 
 
@@ -37,12 +38,12 @@ def main() -> None:
 
     config = load_config(JobConfig, args.config, args.overrides)
     run_dir = Path(config.run.dir)
-    max_turns = config.rollout.loop.max_turns
-    start = evaluate(config.model.path, run_dir / "eval_start", args.eval_tasks, max_turns)
+    limits = (config.rollout.loop.max_turns, config.rollout.sampling.max_new_tokens)
+    start = evaluate(config.model.path, run_dir / "eval_start", args.eval_tasks, *limits)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "jobs.train", "--config", args.config, *args.overrides], check=True)
     wall = time.perf_counter() - t0
-    end = evaluate(str(run_dir / "hf"), run_dir / "eval_end", args.eval_tasks, max_turns)
+    end = evaluate(str(run_dir / "hf"), run_dir / "eval_end", args.eval_tasks, *limits)
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     idle = sum(r["learner_idle_s"] for r in rows) / max(sum(r["wall_s"] for r in rows), 1e-9)
     learn = sum(r["learner_step_s"] for r in rows)

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        run.start()
+        run.start(lambda: stop["requested"])
         run.loop(lambda: stop["requested"])
     finally:
         run.close()

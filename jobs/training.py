@@ -72,18 +72,22 @@ class TrainingRun:
             self.rows = [r for r in pq.read_table(metrics).to_pylist() if r["version"] <= self.version]
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
 
-    def start(self) -> None:
+    def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         import ray
 
         if self.version == 0 and self.config.warm_start.num_episodes:
-            self.warm_start()
+            self.warm_start(should_stop)
         if self.version > 0:
             ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
             ray.get(self.buffer.set_version.remote(self.version))
         self.pool.start()
 
-    def warm_start(self) -> None:
-        """SFT on the bot's demonstrations (jobs.warm_start), then a checkpoint."""
+    def warm_start(self, should_stop: Callable[[], bool]) -> None:
+        """SFT on the bot's demonstrations (jobs.warm_start), then a checkpoint.
+
+        A stop request ends it early; the checkpoint then holds a partial warm start, and a
+        resumed run goes on with the main loop.
+        """
         import ray
 
         from buffer.actor import SampleBatch, encode_trajectories
@@ -102,6 +106,8 @@ class TrainingRun:
         sft = self.config.learner.algorithm.model_copy(update={"name": "sft"})
         rows = []
         for episodes in epoch_batches(demos, ws):
+            if should_stop():
+                break
             encoded = encode_trajectories(episodes)
             batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),),
                                 (encoded.policy_versions,))
@@ -113,6 +119,8 @@ class TrainingRun:
             print(f"sft  {self.version:4d}/{total} loss {stats['loss']:.4f} samples {encoded.num_samples:3d} "
                   f"learn {stats['step_s']:.2f}s", flush=True)
         self.warm_steps = self.version
+        if not rows:
+            return
         ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
         ray.get(self.buffer.set_version.remote(self.version))
         if self.config.run.eval_every:
@@ -183,8 +191,11 @@ class TrainingRun:
         m.set("rollout_tokens_per_s", max(0.0, tokens - previous.get("rollout_tokens", 0)) / max(wall, 1e-9))
         m.set("format_error_rate", errors / max(turns, 1))
         m.set("opd_reverse_kl", stats["reverse_kl"])
-        m.set("opd_lambda", self.config.learner.algorithm.opd_lambda)
+        algorithm = self.config.learner.algorithm
+        m.set("opd_lambda", {"opd": 1.0, "joint": algorithm.opd_lambda}.get(algorithm.name, 0.0))
         m.set("teacher_retired", 0.0)
+        # Without a horizon curriculum the student acts for the whole episode.
+        m.set("horizon_k", self.config.rollout.loop.max_turns)
         if teachers:
             m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
             m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))

@@ -60,7 +60,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == [1, 2]
     assert "step    6" in out and '"final_version": 6' in out
     for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
-                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success"):
+                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success", "horizon_k"):
         assert f"apprentice_{name}" in scraped, name
     table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["version"] for r in table] == [3, 4, 5, 6]

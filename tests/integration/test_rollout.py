@@ -32,13 +32,14 @@ def rollout_config(**kw):
                          loop=LoopConfig(max_turns=3), **kw)
 
 
-def test_pool_with_oracle_teacher_fills_the_buffer(ray_session):
+def test_pool_with_oracle_teachers_fills_the_buffer(ray_session):
     import ray
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
-                                     BabyAITextEnv.system_prompt, BabyAITextEnv().tools, num_cpus=0)
-    pool = RolloutPool(2, rollout_config(), NANO, buffer, [teacher], num_cpus=0.5)
+    teachers = [create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
+                                       BabyAITextEnv.system_prompt, BabyAITextEnv().tools, index=j, num_cpus=0)
+                for j in range(2)]
+    pool = RolloutPool(2, rollout_config(), NANO, buffer, teachers, num_cpus=0.5)
     pool.start(max_groups_per_worker=3)
     pool.wait(timeout_s=300)
     samples = drain(ray, buffer)
@@ -55,8 +56,12 @@ def test_pool_with_oracle_teacher_fills_the_buffer(ray_session):
     # Both episodes of a group ran the same task.
     for g in groups:
         assert len({(s.split, s.task_seed) for s in samples if s.group_id == g}) == 1
-    stats = ray.get(teacher.stats.remote())
-    assert stats["num_requests"] == 6 and stats["num_turns_scored"] == len(samples)
+    # Worker i sends its 3 groups to teacher i.
+    stats = ray.get([t.stats.remote() for t in teachers])
+    assert [s["num_requests"] for s in stats] == [3, 3]
+    assert sum(s["num_turns_scored"] for s in stats) == len(samples)
+    for w in range(2):
+        assert stats[w]["num_turns_scored"] == sum(1 for s in samples if s.group_id.startswith(f"worker-{w}:"))
     buffer_stats = ray.get(buffer.stats.remote())
     assert buffer_stats["num_outstanding_groups"] == 0 and buffer_stats["num_duplicate_groups"] == 0
 

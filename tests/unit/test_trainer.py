@@ -148,3 +148,11 @@ def test_schedule_and_sharding_helpers(trajectories):
         frozen = [dataclasses.replace(t, turns=tuple(dataclasses.replace(u, trainable=False) for u in t.turns))
                   for t in trajectories]
         Trainer(LearnerConfig(), NANO).train_step(sequences(frozen))
+
+
+def test_a_step_may_override_the_loss_and_the_rate(trajectories):
+    trainer = Trainer(LearnerConfig(lr=1e-3, warmup_steps=2), NANO)
+    sft = trainer.train_step(sequences(trajectories), AlgorithmConfig(name="sft"), lr=0.02)
+    assert sft["lr"] == 0.02 and sft["reverse_kl"] == 0.0  # SFT, although the learner's loss is OPD
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the schedule resumes (step 2 of 2)
+    assert trainer.train_step(sequences(trajectories))["lr"] == pytest.approx(1e-3)
