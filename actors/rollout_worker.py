@@ -166,11 +166,6 @@ class RolloutWorker:
                 self._stats["generate_s"] += time.perf_counter() - start
             for group_id, result in finished:
                 groups[group_id].append(result)
-                self._stats["num_episodes"] += 1
-                self._stats["num_successes"] += result.success
-                self._stats["num_turns"] += result.num_turns
-                self._stats["num_format_errors"] += result.num_format_errors
-                self._stats["num_response_tokens"] += sum(len(t.response_ids) for t in result.trajectory.turns)
                 self._record(result)
                 if len(groups[group_id]) == G:
                     await self._deliver(group_id, groups.pop(group_id))
@@ -178,9 +173,15 @@ class RolloutWorker:
         return dict(self._stats)
 
     def _record(self, result: EpisodeResult) -> None:
+        tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
+        self._stats["num_episodes"] += 1
+        self._stats["num_successes"] += result.success
+        self._stats["num_turns"] += result.num_turns
+        self._stats["num_format_errors"] += result.num_format_errors
+        self._stats["num_response_tokens"] += tokens
         m = self.metrics
         m.inc("episodes", task_type=result.info.task_type, outcome="success" if result.success else "failure")
-        m.inc("rollout_tokens", sum(len(t.response_ids) for t in result.trajectory.turns))
+        m.inc("rollout_tokens", tokens)
         m.inc("rollout_turns", result.num_turns - result.num_format_errors, format="ok")
         m.inc("rollout_turns", result.num_format_errors, format="error")
 

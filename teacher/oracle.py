@@ -10,17 +10,21 @@ others (uniform when the bot has no action), smoothed with ε over a vocabulary 
     p_T(y_t | y_<t) = (1 - ε) * Σ_{a ∈ C_t, R_a[t] = y_t} p(a) / Σ_{a ∈ C_t} p(a)  +  ε / V,
 
 where C_t = {a : R_a starts with y_<t and is longer than t} are the responses the student's
-prefix still follows. Once the prefix follows none of them (the student diverged from every
-valid call: free text, a <think> block, another spelling), the teacher is uniform: 1 / V.
-So tokens that choose the bot's action get log-prob near 0, tokens that choose another
-valid action about log(δ/5), formatting tokens of any valid call near 0, and anything after
-leaving the valid set log(1/V).
+prefix still follows. So tokens that choose the bot's action get log-prob near 0, tokens that
+choose another valid action about log(δ/5), formatting tokens of any valid call near 0, and
+the token that leaves every valid call (free text, a <think> block, another spelling)
+log(ε/V). After that token the bot has no model of the text: with `after_divergence:
+no_opinion` (default) its log-prob is the behaviour log-prob, so the OPD advantage of those
+tokens is 0 and only the divergent token is penalised; with `uniform` it is log(1/V), which
+pushes down every later sampled token and so raises the student's entropy in exactly the
+states it should learn to avoid.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from typing import Literal
 
 from minigrid.utils.baby_ai_bot import DisappearedBoxError
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +45,8 @@ class OracleConfig(BaseModel):
     """δ: prior mass spread over the actions the bot did not choose."""
     token_smoothing: float = Field(default=1e-3, gt=0, lt=1)
     """ε: mass spread uniformly over the vocabulary at every position."""
+    after_divergence: Literal["no_opinion", "uniform"] = "no_opinion"
+    """Log-prob of tokens after the response left every valid call: the behaviour's, or 1/V."""
 
 
 class BabyAIOracleTeacher:
@@ -81,8 +87,10 @@ class BabyAIOracleTeacher:
                     expert = None
         return actions
 
-    def token_logprobs(self, response_ids: tuple[int, ...], bot_action: str | None) -> tuple[float, ...]:
-        """log p_T of each response token given the bot's action (see the module docstring)."""
+    def token_logprobs(self, response_ids: tuple[int, ...], bot_action: str | None,
+                       behaviour_logprobs: tuple[float, ...] | None = None) -> tuple[float, ...]:
+        """log p_T of each response token given the bot's action (see the module docstring);
+        `behaviour_logprobs` are needed with `after_divergence: no_opinion`."""
         n = len(self.responses)
         delta = self.config.action_smoothing
         prior = {a: (1 - delta if a == bot_action else delta / (n - 1)) if bot_action else 1 / n
@@ -93,7 +101,12 @@ class BabyAIOracleTeacher:
         for t, y in enumerate(response_ids):
             alive = {a for a in alive if len(self.responses[a]) > t}
             if not alive:
-                out.append(math.log(uniform))
+                if self.config.after_divergence == "uniform":
+                    out.append(math.log(uniform))
+                elif behaviour_logprobs is None:
+                    raise ValueError("after_divergence=no_opinion needs the behaviour log-probs of the response")
+                else:
+                    out.append(behaviour_logprobs[t])
                 continue
             total = sum(prior[a] for a in alive)
             match = sum(prior[a] for a in alive if self.responses[a][t] == y)
@@ -103,5 +116,5 @@ class BabyAIOracleTeacher:
 
     def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
         """Teacher log-probs per turn of each trajectory."""
-        return [[self.token_logprobs(turn.response_ids, action)
+        return [[self.token_logprobs(turn.response_ids, action, turn.behaviour_logprobs)
                  for turn, action in zip(t.turns, self.bot_actions(t))] for t in trajectories]

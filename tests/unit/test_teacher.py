@@ -70,10 +70,17 @@ def test_oracle_rewards_the_bots_action_and_valid_format(tok):
     logps = oracle.token_logprobs(right, "turn_left")
     cheap = [lp > math.log(0.97) for lp in logps]
     assert cheap.count(False) == 1 and math.log(0.02 / 5) - 0.1 < min(logps) < math.log(0.02 / 5) + 0.1
-    # Free text leaves every valid response: uniform from the first divergent token on.
+    # Free text leaves every valid response at its first token (log ε/V); after it the oracle has
+    # no opinion (the behaviour's log-prob: zero advantage), or is uniform if so configured.
     junk = tuple(tok.encode("I am thinking about it", add_special_tokens=False))
-    junk_lp = oracle.token_logprobs(junk, "turn_left")
-    assert junk_lp[-1] == pytest.approx(-math.log(len(tok)))
+    behaviour = tuple(-0.1 * (i + 1) for i in range(len(junk)))
+    junk_lp = oracle.token_logprobs(junk, "turn_left", behaviour)
+    assert len(junk) > 2 and junk_lp[0] == pytest.approx(math.log(1e-3 / len(tok)), abs=1e-3)
+    assert junk_lp[1:] == behaviour[1:]
+    with pytest.raises(ValueError, match="needs the behaviour log-probs"):
+        oracle.token_logprobs(junk, "turn_left")
+    uniform = BabyAIOracleTeacher(tok, OracleConfig(after_divergence="uniform")).token_logprobs(junk, "turn_left")
+    assert uniform[1:] == pytest.approx([-math.log(len(tok))] * (len(junk) - 1))
     # No bot action (mission believed done): the prior over actions is uniform, 1/6 per whole call.
     assert sum(oracle.token_logprobs(right, None)) == pytest.approx(math.log(1 / 6), abs=0.02)
     # The sequence-level probability of the bot's call is 1 - δ (up to ε).
