@@ -61,7 +61,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("opd_lambda", "gauge", "λ of the joint loss."),
     Metric("teacher_retired", "gauge", "1 once the teacher is retired."),
     Metric("horizon_k", "gauge", "TCOD horizon k in force."),
-    Metric("format_error_rate", "gauge", "Share of turns whose response did not parse."),
+    Metric("format_error_rate", "gauge", "Share of turns whose response did not parse (episodes since the last step)."),
 )
 _BY_NAME = {m.name: m for m in CATALOGUE}
 

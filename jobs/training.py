@@ -189,7 +189,12 @@ class TrainingRun:
         tokens = sum(w.get("num_response_tokens", 0) for w in workers)
         previous = self.rows[-1] if self.rows else {}
         m.set("rollout_tokens_per_s", max(0.0, tokens - previous.get("rollout_tokens", 0)) / max(wall, 1e-9))
-        m.set("format_error_rate", errors / max(turns, 1))
+        # Rates over the episodes that finished since the last step (episodes finish in bursts:
+        # a step without any keeps the previous rates).
+        new_turns = turns - previous.get("turns", 0)
+        format_error_rate = (errors - previous.get("format_errors", 0)) / new_turns if new_turns > 0 \
+            else previous.get("format_error_rate", 0.0)
+        m.set("format_error_rate", format_error_rate)
         m.set("opd_reverse_kl", stats["reverse_kl"])
         algorithm = self.config.learner.algorithm
         m.set("opd_lambda", {"opd": 1.0, "joint": algorithm.opd_lambda}.get(algorithm.name, 0.0))
@@ -201,6 +206,9 @@ class TrainingRun:
             m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))
         episodes = sum(w.get("num_episodes", 0) for w in workers)
         successes = sum(w.get("num_successes", 0) for w in workers)
+        new_episodes = episodes - previous.get("episodes", 0)
+        train_success_rate = (successes - previous.get("successes", 0)) / new_episodes if new_episodes > 0 \
+            else previous.get("train_success_rate", 0.0)
         m.inc("episodes", successes - previous.get("successes", 0), task_type="all", outcome="success")
         m.inc("episodes", (episodes - successes) - (previous.get("episodes", 0) - previous.get("successes", 0)),
               task_type="all", outcome="failure")
@@ -215,8 +223,8 @@ class TrainingRun:
             "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
             "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
             "evicted": buffer["num_evicted"], "episodes": episodes, "successes": successes,
-            "rollout_tokens": tokens, "format_error_rate": errors / max(turns, 1),
-            "train_success_rate": successes / max(episodes, 1), "eval_success": None,
+            "rollout_tokens": tokens, "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
+            "train_success_rate": train_success_rate, "eval_success": None,
         }
 
     def _evaluate(self, row: dict) -> None:
