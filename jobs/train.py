@@ -4,7 +4,9 @@
                          [--dry-run] [--resume RUN_DIR]
 
 An optional warm start (jobs.warm_start: SFT on the bot's demonstrations) runs first and
-publishes its weights; then the loop. The loop and its back-pressure. Rollout workers run on their own from the start: each
+publishes its weights; then the loop.
+
+The loop and its back-pressure. Rollout workers run on their own from the start: each
 asks the buffer to admit a whole GRPO group before generating it, and admission only has
 room for `(Δmax + v + 1)·B` samples in total at learner version v -- so rollout runs at
 most Δmax versions ahead and never waits for the learner otherwise. Finished groups go
