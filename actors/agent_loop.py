@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from actors.engine import InferenceEngine, SamplingConfig
 from buffer.contracts import Trajectory, Turn
 from envs.parser import ToolCallParser
-from envs.prompt import HistoryTurn, PromptConfig, render_messages
+from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
 from envs.protocol import EnvReset, TaskInfo, TextEnv
 from envs.rewards import EpisodeReward, RewardConfig, episode_reward
 
@@ -150,12 +150,13 @@ class ChatPrompter:
             raise ValueError(f"end-of-turn token {stop_token!r} is not in the tokenizer's vocabulary")
 
     def _render(self, messages, ep: EpisodeState, generation_prompt: bool, tokenize: bool):
-        return self.tokenizer.apply_chat_template(messages, tools=ep.env.tools, add_generation_prompt=generation_prompt,
+        return self.tokenizer.apply_chat_template(messages, tools=template_tools(self.loop.prompt, ep.env.tools),
+                                                  add_generation_prompt=generation_prompt,
                                                   tokenize=tokenize, return_dict=False)
 
     def prompt_ids(self, ep: EpisodeState, last: Response | None) -> list[int]:
         messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
-                                   ep.history)
+                                   ep.history, tools=ep.env.tools)
         window = self.loop.prompt.history_window
         if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
             tail = self._tail_ids(messages, ep)

@@ -179,6 +179,7 @@ class RolloutWorker:
         self._stats["num_turns"] += result.num_turns
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens
+        self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in result.trajectory.turns)
         m = self.metrics
         m.inc("episodes", task_type=result.info.task_type, outcome="success" if result.success else "failure")
         m.inc("rollout_tokens", tokens)

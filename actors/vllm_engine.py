@@ -36,6 +36,11 @@ class VLLMConfig(BaseModel):
     enforce_eager: bool = True
     """Skip graph compilation (60 s start on CPU for a 40% faster decode)."""
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = None
+    """None: off on CPU, vLLM's default on GPU. On CPU a seeded request whose prefill is split
+    over two steps kills the engine (`CPU Generator does not use offset`, raised when vLLM
+    rewinds the request's generator); unchunked, each prompt is prefilled in one step
+    (max_num_batched_tokens = max_model_len)."""
     seed: int = 0
     cpu_kv_cache_gib: int = Field(default=1, ge=1)
     """VLLM_CPU_KVCACHE_SPACE."""
@@ -74,6 +79,13 @@ class VLLMEngine:
         self.stop_token_ids = list(stop_token_ids)
         self._version = version
         kwargs = {}
+        chunked = config.enable_chunked_prefill
+        if chunked is None:
+            import torch
+
+            chunked = torch.cuda.is_available()
+        if not chunked:
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=config.max_model_len)
         if config.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
         self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,

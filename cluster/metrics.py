@@ -37,6 +37,9 @@ STALENESS_BUCKETS = (0.5, 1.5, 2.5, 3.5, 4.5, 8.5)
 CATALOGUE: tuple[Metric, ...] = (
     Metric("rollout_tokens_per_s", "gauge", "Generated tokens per second over the last step, all workers."),
     Metric("rollout_tokens", "counter", "Generated response tokens.", recorded_by=("rollout",)),
+    Metric("rollout_prompt_tokens_per_turn", "gauge",
+           "Mean prompt tokens per agent turn over the episodes finished since the last step (what each "
+           "turn costs to prefill, and the learner to train on when turns do not nest)."),
     Metric("rollout_turns", "counter", "Agent turns, by whether the response parsed as a tool call.",
            ("format",), recorded_by=("rollout",)),
     Metric("episodes", "counter", "Finished episodes.", ("task_type", "outcome"), recorded_by=("driver", "rollout")),

@@ -26,12 +26,17 @@ from envs.protocol import ToolCall
 
 
 class PromptConfig(BaseModel):
-    """How much history a turn prompt shows."""
+    """How much history a turn prompt shows, and how the tools are described."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     history_window: int | Literal["all"] = 10
     """Number of most recent turns shown (seeds: 10); 'all' shows the whole episode."""
+    tools: Literal["schema", "compact"] = "schema"
+    """'schema': the tool JSON schemas go to the chat template (Qwen3's rendering, for real
+    models); 'compact': one line per tool (name: description) appended to the system message
+    and no schemas, about a fifth of the tokens -- for tiny students, whose prompt length is
+    their training cost."""
 
     @field_validator("history_window")
     @classmethod
@@ -80,9 +85,30 @@ def _answer_message(turn: HistoryTurn) -> dict[str, Any]:
                        f"{turn.observation}"}
 
 
+COMPACT_TOOLS_HEADER = 'Tools (call one as <tool_call>\n{"name": <tool>, "arguments": {}}\n</tool_call>):'
+
+
+def compact_tools(tools: list[dict[str, Any]]) -> str:
+    """One line per tool, `name: description`, under a header showing the call format."""
+    lines = [COMPACT_TOOLS_HEADER]
+    for tool in tools:
+        function = tool["function"]
+        lines.append(f"{function['name']}: {function.get('description', '')}".rstrip(": "))
+    return "\n".join(lines)
+
+
+def template_tools(config: PromptConfig, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The `tools` argument for the chat template: the schemas, or None when they are compact."""
+    return tools if config.tools == "schema" else None
+
+
 def render_messages(config: PromptConfig, system_prompt: str, task: str, first_observation: str,
-                    history: list[HistoryTurn], working_memory: str | None = None) -> list[dict[str, Any]]:
-    """Chat messages for the next turn, given the task and every past turn of the episode."""
+                    history: list[HistoryTurn], working_memory: str | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Chat messages for the next turn, given the task and every past turn of the episode.
+
+    With `config.tools == "compact"`, `tools` are described in the system message itself.
+    """
     window = len(history) if config.history_window == "all" else min(config.history_window, len(history))
     hidden = len(history) - window
     start_observation = first_observation if hidden == 0 else history[hidden - 1].observation
@@ -92,6 +118,8 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if working_memory is not None:
         user += f"Your notes so far:\n{working_memory}\n"
     user += f"\nWhat you see:\n{start_observation}"
+    if config.tools == "compact" and tools:
+        system_prompt = f"{system_prompt}\n\n{compact_tools(tools)}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt},
                                       {"role": "user", "content": user}]
     for turn in history[hidden:]:

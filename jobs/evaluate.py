@@ -3,7 +3,8 @@
     python -m jobs.evaluate [--config FILE.yaml] [key.sub=value ...] [--dry-run]
 
 By default: the zero-shot tiny model, greedy, on the study's 50-task `eval50` split.
-`policy=expert` runs the BabyAI bot instead (a check of the environment and loop).
+`policy=expert` runs the BabyAI bot instead (the ceiling, and a check of the environment
+and loop); `policy=random` calls a uniformly random tool every turn (the floor).
 Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`.
 """
 
@@ -33,7 +34,7 @@ class EvaluateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["model", "expert"] = "model"
+    policy: Literal["model", "expert", "random"] = "model"
     model: ModelConfig = ModelConfig()
     env: BabyAITextConfig = BabyAITextConfig()
     loop: LoopConfig = LoopConfig()
@@ -116,6 +117,10 @@ def build_policy(config: EvaluateConfig):
         from actors.expert import ExpertPolicy
 
         return ExpertPolicy()
+    if config.policy == "random":
+        from actors.random_policy import RandomPolicy
+
+        return RandomPolicy()
     from actors.agent_loop import ModelPolicy
     from actors.hf_engine import HFEngine
     from learner.models import load_model, load_tokenizer

@@ -41,6 +41,7 @@ class TrainingRun:
         if config.teacher is not None:
             env = BabyAITextEnv(config.rollout.env)
             self.teachers = [create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools, index=j,
+                                                    env_config=config.rollout.env,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                                                     scheduling_strategy=strategies["teacher"][j])
                              for j in range(plan.teacher.count)]
@@ -195,6 +196,10 @@ class TrainingRun:
         format_error_rate = (errors - previous.get("format_errors", 0)) / new_turns if new_turns > 0 \
             else previous.get("format_error_rate", 0.0)
         m.set("format_error_rate", format_error_rate)
+        prompt_tokens = sum(w.get("num_prompt_tokens", 0) for w in workers)
+        prompt_tokens_per_turn = (prompt_tokens - previous.get("prompt_tokens", 0)) / new_turns if new_turns > 0 \
+            else previous.get("prompt_tokens_per_turn", 0.0)
+        m.set("rollout_prompt_tokens_per_turn", prompt_tokens_per_turn)
         m.set("opd_reverse_kl", stats["reverse_kl"])
         algorithm = self.config.learner.algorithm
         m.set("opd_lambda", {"opd": 1.0, "joint": algorithm.opd_lambda}.get(algorithm.name, 0.0))
@@ -223,7 +228,8 @@ class TrainingRun:
             "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
             "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
             "evicted": buffer["num_evicted"], "episodes": episodes, "successes": successes,
-            "rollout_tokens": tokens, "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
+            "rollout_tokens": tokens, "prompt_tokens": prompt_tokens,
+            "prompt_tokens_per_turn": prompt_tokens_per_turn, "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
             "train_success_rate": train_success_rate, "eval_success": None,
         }
 

@@ -36,6 +36,11 @@ class AlgorithmConfig(BaseModel):
     aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
     opd_scale: float = Field(default=1.0, gt=0)
     """Scale of the OPD token advantage (teacher - behaviour log-prob)."""
+    opd_advantage_clip: float | None = Field(default=None, gt=0)
+    """Bound |A_t| of the OPD token advantage (None: unbounded). A token the teacher finds
+    near-impossible (the oracle's log(ε/V) for a response that leaves every valid call, about
+    -14) otherwise outweighs every other token of the batch; bounded, it still says "less of
+    this" at full strength without swamping the tokens that choose the action."""
     opd_lambda: float = Field(default=0.01, ge=0)
     """λ of the joint loss L_GRPO + λ L_OPD (RetireOPD)."""
     drop_zero_variance_groups: bool = True
@@ -115,7 +120,10 @@ def turn_level_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmCon
 def opd_advantages(batch: TokenBatch, cfg: AlgorithmConfig) -> torch.Tensor:
     if batch.teacher_logprobs is None:
         raise ValueError("OPD needs teacher log-probs on every sample: is the teacher service on?")
-    return cfg.opd_scale * (batch.teacher_logprobs - batch.behaviour_logprobs) * batch.loss_mask
+    adv = cfg.opd_scale * (batch.teacher_logprobs - batch.behaviour_logprobs)
+    if cfg.opd_advantage_clip is not None:
+        adv = adv.clamp(-cfg.opd_advantage_clip, cfg.opd_advantage_clip)
+    return adv * batch.loss_mask
 
 
 def opd_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-FACTORY_VERSION = 1
+FACTORY_VERSION = 2
 """Bump when the corpus or the saved layout changes: it is part of the cache key."""
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -126,11 +126,18 @@ def build_tiny_model(preset: TinyPreset, seed: int, out_dir: Path) -> None:
 
 def build_tokenizer(vocab_size: int, seed: int):
     """A byte-level BPE trained on rendered BabyAI-Text conversations, as a fast HF tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # GPT-2's split, except that `_` is a word character: identifiers such as tool names
+    # (`turn_left`) can merge into one token, so a tiny student's choice of action is one
+    # token rather than a sequence of fragments it could recombine into unknown names.
+    words = Regex(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}_]+| ?\p{N}+| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+""")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(words, behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -109,15 +109,20 @@ def with_teacher_logprobs(trajectory: Trajectory, scores: list[tuple[float, ...]
     return dataclasses.replace(trajectory, turns=turns)
 
 
-def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_prompt: str, env_tools) -> TrajectoryScorer:
-    """The scorer a TeacherService runs; checks the tokenizers before anything is scored."""
+def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_prompt: str, env_tools,
+                 env_config=None) -> TrajectoryScorer:
+    """The scorer a TeacherService runs; checks the tokenizers before anything is scored.
+
+    `env_config` is the rollout's environment config: the oracle replays each task in the
+    same level the student played (room size, distractors, task types and sampling).
+    """
     from learner.models import load_model, load_tokenizer, resolve_model_dir
 
     student_tok = load_tokenizer(student_model)
     if config.backend == "oracle":
         from teacher.oracle import BabyAIOracleTeacher
 
-        return BabyAIOracleTeacher(student_tok, config.oracle)
+        return BabyAIOracleTeacher(student_tok, config.oracle, env_config)
     teacher_tok = load_tokenizer(config.model)
     check_same_tokenizer(student_tok, teacher_tok)
     prompts = None
@@ -226,15 +231,15 @@ class _ServiceActor(TeacherService):
     """Builds its own scorer inside the actor (models load where they run)."""
 
     def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                 name: str) -> None:
-        super().__init__(config, build_scorer(config, student_model, system_prompt, tools), name)
+                 name: str, env_config=None) -> None:
+        super().__init__(config, build_scorer(config, student_model, system_prompt, tools, env_config), name)
 
 
 def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                           index: int = 0, **options):
-    """Start the TeacherService actor `teacher-<index>`."""
+                           index: int = 0, env_config=None, **options):
+    """Start the TeacherService actor `teacher-<index>`; `env_config`: the rollout's environment."""
     import ray
 
     options.setdefault("num_cpus", 1)
     return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools,
-                                                               f"teacher-{index}")
+                                                               f"teacher-{index}", env_config)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from envs.babyai_text.level import MixedTrainLocalLevel, num_rooms
+from envs.babyai_text.level import NUM_DISTRACTORS, ROOM_SIZE, MixedTrainLocalLevel, num_rooms
 from envs.babyai_text.tasks import TASK_TYPES, task_spec
 from envs.babyai_text.text_obs import describe
 from envs.protocol import EnvReset, EnvStep, TaskInfo, ToolCall
@@ -37,12 +37,16 @@ SYSTEM_PROMPT = (
 
 
 class BabyAITextConfig(BaseModel):
-    """Settings of the BabyAI-Text environment."""
+    """Settings of the BabyAI-Text environment; the defaults are the study's MixedTrainLocal level."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     task_types: tuple[str, ...] = Field(default=TASK_TYPES, min_length=1)
     task_sampling: Literal["uniform", "balanced"] = "uniform"
+    room_size: int = Field(default=ROOM_SIZE, ge=5, le=16)
+    """Cells per room side, walls included (minigrid's room_size); 6 leaves a 4x4 floor."""
+    num_distractors: int = Field(default=NUM_DISTRACTORS, ge=0, le=20)
+    """Objects placed besides the ones the instruction names."""
     max_generation_attempts: int = Field(default=1000, ge=1)
 
     @field_validator("task_types")
@@ -90,7 +94,9 @@ class BabyAITextEnv:
         rooms = num_rooms(spec.task_type)
         level = self._levels.get(rooms)
         if level is None:
-            level = MixedTrainLocalLevel(num_cols=rooms, max_attempts=self.config.max_generation_attempts)
+            level = MixedTrainLocalLevel(num_cols=rooms, max_attempts=self.config.max_generation_attempts,
+                                         room_size=self.config.room_size,
+                                         num_distractors=self.config.num_distractors)
             self._levels[rooms] = level
         level.task_type = spec.task_type
         obs, _ = level.reset(seed=spec.level_seed)

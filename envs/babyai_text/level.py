@@ -1,9 +1,11 @@
 """The MixedTrainLocal level on minigrid 3.2, with the task type chosen per episode.
 
-Re-implemented from BABYAI_TEXT.md (the original level picks its task kind once per env
-instance from an unseeded RNG; here `task_type` is set before every reset). One 8x8 room
-with 9 or 10 objects (keys, balls, boxes; colours may repeat), or for `open` two rooms side
-by side joined by a locked door whose key and 8 distractors share the agent's room. A
+Re-implemented from the BabyAI-Text study (docs/babyai_text.md; the original level picks its
+task kind once per env instance from an unseeded RNG; here `task_type` is set before every
+reset). One 8x8 room with 9 or 10 objects (keys, balls, boxes; colours may repeat), or for
+`open` two rooms side by side joined by a locked door whose key and 8 distractors share the
+agent's room. Room size and distractor count are parameters: the defaults are the study's
+level, smaller values make the starter levels a tiny student can learn in minutes. A
 generated task is rejected and regenerated, quietly, while some object is unreachable, the
 instruction names a held-out combination, or minigrid's own instruction checks fail.
 """
@@ -28,7 +30,9 @@ HELD_OUT_PHRASES: tuple[str, ...] = ("yellow box", "red key", "red door", "green
 """Instructions containing any of these are never generated (held out by the original level)."""
 LOCKED_DOOR_COLORS: tuple[str, ...] = ("yellow", "green", "blue", "purple")
 ROOM_SIZE = 8
+"""The study's room: 8x8 cells including walls (6x6 free)."""
 NUM_DISTRACTORS = 8
+"""The study's distractors besides the task's own objects."""
 
 
 def num_rooms(task_type: str) -> int:
@@ -39,11 +43,13 @@ def num_rooms(task_type: str) -> int:
 class MixedTrainLocalLevel(RoomGridLevel):
     """One grid shape (1 or 2 rooms); `task_type` selects the generator for the next reset."""
 
-    def __init__(self, num_cols: int, max_attempts: int = 1000) -> None:
+    def __init__(self, num_cols: int, max_attempts: int = 1000, room_size: int = ROOM_SIZE,
+                 num_distractors: int = NUM_DISTRACTORS) -> None:
         self.task_type = "open" if num_cols == 2 else "go_to"
         self.max_attempts = max_attempts
+        self.num_distractors = num_distractors
         self.num_rejections = 0
-        super().__init__(room_size=ROOM_SIZE, num_rows=1, num_cols=num_cols)
+        super().__init__(room_size=room_size, num_rows=1, num_cols=num_cols)
 
     def _gen_grid(self, width: int, height: int) -> None:
         assert num_rooms(self.task_type) == self.num_cols, (self.task_type, self.num_cols)
@@ -78,7 +84,7 @@ class MixedTrainLocalLevel(RoomGridLevel):
             self._gen_open()
             return
         self.place_agent()
-        num_objs = NUM_DISTRACTORS + (1 if kind in ("go_to", "pick_up") else 2)
+        num_objs = self.num_distractors + (1 if kind in ("go_to", "pick_up") else 2)
         objs = self.add_distractors(num_distractors=num_objs, all_unique=False)
         a = self._rand_elem(objs)
         desc_a = ObjDesc(a.type, a.color)
@@ -111,6 +117,6 @@ class MixedTrainLocalLevel(RoomGridLevel):
         self.add_door(locked_i, 0, door_idx=0 if locked_i == 0 else 2, color=color, locked=True)
         self.locked_room = self.get_room(locked_i, 0)
         self.add_object(agent_i, 0, "key", color)
-        self.add_distractors(agent_i, 0, num_distractors=NUM_DISTRACTORS, all_unique=False)
+        self.add_distractors(agent_i, 0, num_distractors=self.num_distractors, all_unique=False)
         self.place_agent(agent_i, 0)
         self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))

@@ -81,6 +81,19 @@ def test_opd_advantage_is_teacher_minus_behaviour_and_logs_reverse_kl():
         LOSSES["opd"](logp, batch([[-1.0, -1.0]]), cfg)
 
 
+def test_opd_advantage_clip_bounds_the_divergence_token():
+    # The oracle's divergence token: teacher log(ε/V) ≈ -13.8 against behaviour -0.1.
+    logp = torch.tensor([[-0.1, -2.0]], requires_grad=True)
+    b = batch([[-0.1, -2.0]], teacher=[[-13.8, -0.05]])
+    out = LOSSES["opd"](logp, b, AlgorithmConfig(name="opd", opd_advantage_clip=3.0))
+    out.loss_sum.backward()
+    assert logp.grad[0].tolist() == pytest.approx([3.0, -1.95])  # -13.7 bounded to -3; 1.95 untouched
+    unbounded = LOSSES["opd"](logp.detach(), b, AlgorithmConfig(name="opd"))
+    assert unbounded.loss_sum.item() == pytest.approx(13.7 - 1.95)
+    # reverse KL is still the unbounded estimate (a diagnostic, not the loss).
+    assert out.stats["reverse_kl"] == unbounded.stats["reverse_kl"]
+
+
 def test_joint_is_grpo_plus_lambda_opd():
     logp = torch.tensor([[-1.0, -1.0]])
     b = batch([[-1.0, -1.0]], adv=[[1.0, 1.0]], teacher=[[0.0, 0.0]])

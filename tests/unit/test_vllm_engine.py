@@ -84,3 +84,15 @@ def test_published_numpy_weights_load_into_vllm(engine, tok):
     g = engine.generate([prompt], SamplingConfig(temperature=1.0, max_new_tokens=10, seed=4))[0]
     assert engine.version == 7
     assert (forward_logprobs(trained, prompt, g.token_ids) - torch.tensor(g.logprobs)).abs().max() < 1e-4
+
+
+def test_seeded_batch_larger_than_one_step_does_not_kill_the_engine(engine, tok):
+    # 12 prompts of ~400 tokens exceed one step's token budget (1024 here): with chunked
+    # prefill a seeded request's prompt is split across steps, which kills vLLM-CPU's engine
+    # ("CPU Generator does not use offset"). Unchunked, the scheduler waits instead.
+    base = tok.encode("You see a wall 2 steps forward\nYou see a red ball 1 step left\n" * 20, add_special_tokens=False)
+    prompts = [base[:380 + i] for i in range(12)]
+    assert sum(map(len, prompts)) > 4 * 1024
+    for round_seed in range(2):
+        gens = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=round_seed))
+        assert len(gens) == 12 and all(1 <= len(g.token_ids) <= 8 for g in gens)
