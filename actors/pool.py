@@ -4,6 +4,13 @@ Each worker runs with Ray `max_restarts`; when one dies, its `run` call fails, R
 restarts the actor (same arguments), and the pool calls `run` again. The restarted
 worker asks the buffer for the groups it had leased and re-runs them before new ones,
 and the buffer stores each group once (`put_group`): no episode is lost or duplicated.
+
+A `run` that raises (its engine died, say: vLLM's engine core can fail under the actor)
+leaves the actor alive but useless, so the pool kills it and lets Ray restart it like a
+crashed one. A worker that failed more than `max_restarts` times in a row leaves the pool
+and its leased groups go back to the buffer's admission (`abort_owner`), so the learner
+does not wait for groups that will never come; with no worker left the job fails, naming
+the last error.
 """
 
 from __future__ import annotations
@@ -35,9 +42,16 @@ class RolloutPool:
                 options["scheduling_strategy"] = placement[i]
             teacher = teachers[i % len(teachers)] if teachers else None
             self.workers.append(actor.options(**options).remote(i, num_workers, config, model, buffer, teacher))
+        self.max_restarts = max_restarts
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
         self.num_failed_runs = 0
+        self._failures: dict[int, int] = {}
+        """Consecutive failed runs per worker index (reset when a run returns)."""
+        self._weights: tuple[Any, int] | None = None
+        """The latest published (ObjectRef of the weights, version)."""
+        self.retired: dict[int, str] = {}
+        """Workers that left the pool: index -> the error that ended them."""
 
     def start(self, max_groups_per_worker: int | None = None) -> None:
         self._max_groups = max_groups_per_worker
@@ -55,11 +69,40 @@ class RolloutPool:
             try:
                 ray.get(ref)
                 del self._runs[index]
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                # The actor is restarting; the new incarnation re-runs its leased groups.
-                self.num_failed_runs += 1
-                self._runs[index] = self.workers[index].run.remote(self._max_groups)
+                self._failures.pop(index, None)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                # The actor died and Ray restarts it; the new incarnation re-runs its leased groups.
+                self._failed(index, exc)
+            except ray.exceptions.RayTaskError as exc:
+                # The actor lives but its run raised (a dead engine): restart it the same way.
+                ray.kill(self.workers[index], no_restart=False)
+                self._failed(index, exc)
+        if not self.active:
+            raise RuntimeError(f"every rollout worker failed more than max_restarts={self.max_restarts} times; "
+                               f"last error: {list(self.retired.values())[-1]}")
         return not self._runs
+
+    @property
+    def active(self) -> list[int]:
+        """Indices of the workers still in the pool."""
+        return [i for i in range(len(self.workers)) if i not in self.retired]
+
+    def _failed(self, index: int, exc: Exception) -> None:
+        import ray
+
+        self.num_failed_runs += 1
+        self._failures[index] = self._failures.get(index, 0) + 1
+        if self._failures[index] <= self.max_restarts:
+            if self._weights is not None:  # calls from one caller run in order: weights first
+                self.workers[index].update_weights.remote([self._weights[0]], self._weights[1])
+            self._runs[index] = self.workers[index].run.remote(self._max_groups)
+            return
+        del self._runs[index]
+        self.retired[index] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        ray.kill(self.workers[index], no_restart=True)
+        released = ray.get(self.buffer.abort_owner.remote(f"worker-{index}"))
+        print(f"rollout worker {index} left the pool after {self._failures[index]} failed runs "
+              f"({self.retired[index]}); {released} leased groups released", flush=True)
 
     def wait(self, timeout_s: float = 600.0) -> None:
         """Block until every run finished (finite max_groups_per_worker)."""
@@ -70,28 +113,48 @@ class RolloutPool:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rollout did not finish within {timeout_s} s")
 
-    def publish_weights(self, weights, version: int):
+    def publish_weights(self, weights, version: int) -> None:
         """Weights (a state dict, or the ObjectRef of one) go into the object store once; every
-        worker loads them before its next round."""
+        worker loads them before its next round. A worker that is restarting gets them with
+        its next `run` (the pool re-sends the latest weights first)."""
         import ray
 
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        return [w.update_weights.remote([ref], version) for w in self.workers]
+        self._weights = (ref, version)
+        self._gather({i: self.workers[i].update_weights.remote([ref], version) for i in self.active})
 
     def stop(self) -> None:
-        import ray
-
-        ray.get([w.stop.remote() for w in self.workers])
+        self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
     def stats(self) -> list[dict[str, float]]:
-        import ray
-
-        return ray.get([w.stats.remote() for w in self.workers])
+        """Counters of the workers that answered (a restarting worker's counters restart at 0)."""
+        return list(self._gather({i: self.workers[i].stats.remote() for i in self.active}).values())
 
     def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
-        """Greedy evaluation, seeds spread over the workers."""
+        """Greedy evaluation, seeds spread over the workers; a worker that dies mid-eval has its
+        share re-run by the next worker that answers."""
+        pending = {i: seeds[k::len(self.active)] for k, i in enumerate(self.active)}
+        rows: list[dict[str, Any]] = []
+        for _ in range(self.max_restarts + 1):
+            parts = self._gather({i: self.workers[i].evaluate.remote(split, part) for i, part in pending.items()})
+            rows.extend(row for part in parts.values() for row in part)
+            failed = [seed for i, part in pending.items() if i not in parts for seed in part]
+            if not failed:
+                break
+            pending = {self.active[0]: failed}
+        else:
+            raise RuntimeError(f"evaluation failed on every try: {len(failed)} tasks could not be run")
+        return sorted(rows, key=lambda row: row["seed"])
+
+    def _gather(self, refs: dict[int, Any]) -> dict[int, Any]:
+        """Results of calls fanned out to workers; a worker that died or is restarting is left out."""
         import ray
 
-        n = len(self.workers)
-        parts = ray.get([w.evaluate.remote(split, seeds[i::n]) for i, w in enumerate(self.workers)])
-        return sorted((row for part in parts for row in part), key=lambda row: row["seed"])
+        out = {}
+        for index, ref in refs.items():
+            try:
+                out[index] = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                print(f"rollout worker {index} did not answer ({type(exc).__name__}); it is restarted by the pool",
+                      flush=True)
+        return out

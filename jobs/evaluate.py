@@ -36,6 +36,8 @@ class EvaluateConfig(BaseModel):
 
     policy: Literal["model", "expert", "random"] = "model"
     model: ModelConfig = ModelConfig()
+    engine: Literal["hf", "vllm"] = "vllm"
+    """Inference engine of policy=model (see RolloutConfig.engine)."""
     env: BabyAITextConfig = BabyAITextConfig()
     loop: LoopConfig = LoopConfig()
     sampling: SamplingConfig = SamplingConfig(temperature=0.0, max_new_tokens=48)
@@ -122,14 +124,12 @@ def build_policy(config: EvaluateConfig):
 
         return RandomPolicy()
     from actors.agent_loop import ModelPolicy
-    from actors.hf_engine import HFEngine
-    from learner.models import load_model, load_tokenizer
+    from actors.rollout_worker import RolloutConfig, build_engine
+    from learner.models import load_tokenizer
 
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model)
-    engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id,
-                      stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")])
-    return ModelPolicy(engine, tokenizer, config.sampling, config.loop)
+    rollout = RolloutConfig(engine=config.engine, num_threads=config.num_threads)
+    return ModelPolicy(build_engine(rollout, config.model, tokenizer), tokenizer, config.sampling, config.loop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,7 @@ class TrainingRun:
         if self.version == 0 and self.config.warm_start.num_episodes:
             self.warm_start(should_stop)
         if self.version > 0:
-            ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+            self.pool.publish_weights(self.learner.publish(), self.version)
             ray.get(self.buffer.set_version.remote(self.version))
         self.pool.start()
 
@@ -122,7 +122,7 @@ class TrainingRun:
         self.warm_steps = self.version
         if not rows:
             return
-        ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+        self.pool.publish_weights(self.learner.publish(), self.version)
         ray.get(self.buffer.set_version.remote(self.version))
         if self.config.run.eval_every:
             self._evaluate(rows[-1])
@@ -138,9 +138,8 @@ class TrainingRun:
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         while self.version < self.warm_steps + run.steps and not should_stop():
-            self.pool.poll()
             wait_start = time.perf_counter()
-            batch = ray.get(self.buffer.get.remote(B, learner_version=self.version, timeout_s=run.batch_timeout_s))
+            batch = self._wait_for_batch(B, should_stop)
             idle = time.perf_counter() - wait_start
             if batch.num_samples < B:
                 print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s", flush=True)
@@ -151,7 +150,7 @@ class TrainingRun:
             sync = 0.0
             if self.version % run.publish_every == 0:
                 start = time.perf_counter()
-                ray.get(self.pool.publish_weights(self.learner.publish(), self.version))
+                self.pool.publish_weights(self.learner.publish(), self.version)
                 sync = time.perf_counter() - start
             ray.get(self.buffer.set_version.remote(self.version))
             versions = [v for vs in batch.policy_versions for v in vs]
@@ -169,6 +168,24 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _wait_for_batch(self, num_samples: int, should_stop: Callable[[], bool]):
+        """Up to num_samples fresh samples, gathered in one-second waits so that a stop request
+        or a failed rollout worker is seen within a second (not after run.batch_timeout_s)."""
+        import ray
+
+        from buffer.actor import EMPTY_BATCH
+
+        deadline = time.monotonic() + self.config.run.batch_timeout_s
+        batch = EMPTY_BATCH
+        while batch.num_samples < num_samples and not should_stop():
+            self.pool.poll()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            batch += ray.get(self.buffer.get.remote(num_samples - batch.num_samples, learner_version=self.version,
+                                                    timeout_s=min(1.0, remaining)))
+        return batch
 
     def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> dict:
         import ray

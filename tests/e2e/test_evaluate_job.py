@@ -40,6 +40,20 @@ def test_expert_evaluation_succeeds_everywhere(tmp_path):
                                   "format_error_rate": 0.0}
 
 
+def test_random_policy_is_the_floor_and_repeatable(tmp_path):
+    starter = ["split=eval", "num_tasks=40", "env.room_size=6", "env.num_distractors=1",
+               "env.task_types=[go_to, pick_up]", "loop.max_turns=10"]
+    runs = []
+    for name in ("a", "b"):
+        proc = run_job("policy=random", *starter, f"output_dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stderr
+        runs.append(pq.read_table(tmp_path / name / "episodes.parquet").to_pylist())
+    assert runs[0] == runs[1]
+    summary = json.loads((tmp_path / "a" / "results.json").read_text())["summary"]["overall"]
+    # Random valid calls: never a format error, rarely a success, most episodes use every turn.
+    assert summary["format_error_rate"] == 0.0 and summary["success_rate"] < 0.3 and summary["mean_turns"] > 7
+
+
 def test_bad_config_fails_before_anything_runs(tmp_path):
     proc = run_job("loop.max_turn=3", f"output_dir={tmp_path}")
     assert proc.returncode == 2

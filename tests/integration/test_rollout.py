@@ -28,7 +28,7 @@ def drain(ray, buffer, version=0):
 
 
 def rollout_config(**kw):
-    return RolloutConfig(num_envs=4, group_size=2, sampling=SamplingConfig(max_new_tokens=24, seed=0),
+    return RolloutConfig(engine="hf", num_envs=4, group_size=2, sampling=SamplingConfig(max_new_tokens=24, seed=0),
                          loop=LoopConfig(max_turns=3), **kw)
 
 
@@ -72,7 +72,7 @@ def test_group_end_hook_sets_grpo_advantages(ray_session):
     from learner.algorithms import AlgorithmConfig
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    config = RolloutConfig(num_envs=4, group_size=4, sampling=SamplingConfig(max_new_tokens=24, seed=0),
+    config = RolloutConfig(engine="hf", num_envs=4, group_size=4, sampling=SamplingConfig(max_new_tokens=24, seed=0),
                            loop=LoopConfig(max_turns=3), algorithm=AlgorithmConfig(name="grpo"))
     pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5)
     pool.start(max_groups_per_worker=2)
@@ -97,7 +97,7 @@ def test_weight_updates_reach_workers_between_rounds(ray_session):
     pool.start(max_groups_per_worker=2)
     pool.wait(timeout_s=300)
     assert {s.policy_version for s in drain(ray, buffer)} == {0}
-    ray.get(pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1))
+    pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1)
     pool.start(max_groups_per_worker=4)
     pool.wait(timeout_s=300)
     assert {s.policy_version for s in drain(ray, buffer, version=1)} == {1}
@@ -110,7 +110,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_sess
     import ray
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    config = RolloutConfig(num_envs=2, group_size=2, sampling=SamplingConfig(max_new_tokens=32, seed=0),
+    config = RolloutConfig(engine="hf", num_envs=2, group_size=2, sampling=SamplingConfig(max_new_tokens=32, seed=0),
                            loop=LoopConfig(max_turns=12))
     pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5, max_restarts=2)
     worker = pool.workers[0]

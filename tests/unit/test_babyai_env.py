@@ -109,6 +109,29 @@ def test_missions_levels_and_step_limits():
     assert set(seen) == set(TASK_TYPES)
 
 
+@pytest.mark.parametrize("room_size,num_distractors", [(6, 0), (6, 2), (7, 4)])
+def test_level_parameters_set_room_size_and_distractors(room_size, num_distractors):
+    config = BabyAITextConfig(room_size=room_size, num_distractors=num_distractors, task_types=("go_to", "pick_up"))
+    env = BabyAITextEnv(config)
+    for seed in range(30):
+        r = env.reset(seed, "eval")
+        assert (env.level.width, env.level.height) == (room_size, room_size)
+        objects = [o for o in env.level.grid.grid if o is not None and o.type in ("key", "ball", "box")]
+        assert len(objects) == num_distractors + 1 and r.info.task_type in ("go_to", "pick_up")
+        # The bot still solves every generated task.
+        expert, last = BabyAIExpert(env), None
+        for _ in range(r.info.max_steps):
+            last = expert.act(last)
+            step = env.step(ToolCall(last))
+            if step.done:
+                break
+        assert step.success
+    # The default stays the study's level.
+    assert (BabyAITextConfig().room_size, BabyAITextConfig().num_distractors) == (8, 8)
+    with pytest.raises(ValidationError, match="room_size"):
+        BabyAITextConfig(room_size=3)
+
+
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_bot_solves_every_type(task_type):
     env = BabyAITextEnv()

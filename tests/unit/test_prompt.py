@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from envs.babyai_text import BabyAIExpert, BabyAITextEnv
 from envs.parser import ToolCallParser, format_tool_call
-from envs.prompt import HistoryTurn, PromptConfig, render_messages
+from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
 from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_tokenizer
 
@@ -87,6 +87,26 @@ def test_full_history_prompts_extend_each_other_token_for_token():
                                       tools=env.tools, add_generation_prompt=True, tokenize=True, return_dict=False)
               for k in (3, 4))
     assert p4[:len(p3)] != p3
+
+
+def test_compact_tools_are_one_line_each_in_the_system_message():
+    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    compact = PromptConfig(tools="compact")
+    msgs = render_messages(compact, env.system_prompt, reset.task, reset.observation, [], tools=env.tools)
+    system = msgs[0]["content"]
+    assert system.startswith(env.system_prompt + "\n\nTools (call one as <tool_call>")
+    assert "turn_left: Turn 90 degrees to the left." in system.splitlines()
+    assert template_tools(compact, env.tools) is None and template_tools(PromptConfig(), env.tools) == env.tools
+    rendered = {cfg.tools: tok.apply_chat_template(
+        render_messages(cfg, env.system_prompt, reset.task, reset.observation, [], tools=env.tools),
+        tools=template_tools(cfg, env.tools), add_generation_prompt=True, tokenize=True, return_dict=False)
+        for cfg in (PromptConfig(), compact)}
+    assert "<tools>" not in tok.decode(rendered["compact"]) and "<tools>" in tok.decode(rendered["schema"])
+    assert len(rendered["compact"]) < 0.7 * len(rendered["schema"])
+    # Without the tools argument the system message is the environment's alone.
+    assert render_messages(compact, "sys", "go", "obs", [])[0]["content"] == "sys"
 
 
 def test_bad_window():

@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, run_episodes
 from actors.engine import SamplingConfig
 from actors.hf_engine import HFEngine
 from buffer.contracts import Trajectory, Turn
-from envs.babyai_text import BabyAIExpert, BabyAITextEnv
+from envs.babyai_text import BabyAIExpert, BabyAITextConfig, BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
@@ -20,7 +21,7 @@ from learner.models import ModelConfig, load_model, load_tokenizer
 from teacher.backends import HFTeacherBackend, ScoreRequest
 from teacher.oracle import BabyAIOracleTeacher, OracleConfig
 from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
-from teacher.service import ModelTeacher, TeacherConfig, TeacherService, check_same_tokenizer
+from teacher.service import ModelTeacher, TeacherConfig, TeacherService, build_scorer, check_same_tokenizer
 
 NANO = ModelConfig(path="tiny:nano")
 
@@ -96,6 +97,72 @@ def test_oracle_replays_executed_calls_and_advises_after_a_deviation(tok):
     # The bot saw the wrong turn and plans from the new state: it now wants to undo or re-route.
     assert b[3] is not None
     assert json.loads(deviated.turns[2].executed_call)["name"] != b[2]
+
+
+STARTER = BabyAITextConfig(room_size=6, num_distractors=1, task_types=("go_to", "pick_up"))
+
+
+def student_trajectory(tok, env_config, seed, actions, task_type):
+    """Turns that executed `actions`, then one more turn whose call is not executed yet."""
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    turns = [Turn(k, (1,), (end,), (-1.0,), 0, executed_call=json.dumps({"name": a, "arguments": {}}))
+             for k, a in enumerate(actions)]
+    turns.append(Turn(len(actions), (1,), (end,), (-1.0,), 0))
+    return Trajectory(f"s{seed}", "g", "train", seed, task_type, tuple(turns), False, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("env_config", [STARTER, BabyAITextConfig()], ids=["starter", "mixed_train_local"])
+def test_oracle_advice_at_states_the_student_reaches_solves_the_task(tok, env_config):
+    """From a state reached by random actions (student mistakes), the oracle's most likely call
+    is the bot's action re-planned from that state, and following it solves the task."""
+    oracle = BabyAIOracleTeacher(tok, OracleConfig(), env_config)
+    rng = random.Random(0)
+    names = list(oracle.responses)
+    num_states = num_solved = 0
+    for seed in range(24):
+        env = BabyAITextEnv(env_config)
+        reset = env.reset(seed, "train")
+        actions, done = [], False
+        for _ in range(rng.randint(1, 8)):
+            actions.append(rng.choice(names))
+            done = env.step(ToolCall(actions[-1])).done
+            if done:
+                break
+        if done:
+            continue
+        num_states += 1
+        for _ in range(60):
+            traj = student_trajectory(tok, env_config, seed, actions, reset.info.task_type)
+            advice = oracle.bot_actions(traj)[-1]
+            if advice is None:
+                break
+            scores = {a: sum(oracle.token_logprobs(oracle.responses[a], advice)) for a in names}
+            assert max(scores, key=scores.get) == advice
+            assert scores[advice] > math.log(0.95)
+            actions.append(advice)
+            step = env.step(ToolCall(advice))
+            if step.done:
+                num_solved += step.success
+                break
+    assert num_states >= 18
+    assert num_solved >= 0.9 * num_states, f"the oracle's advice solved {num_solved}/{num_states} mid-episode states"
+
+
+def test_oracle_replays_the_level_the_student_played(tok):
+    """The oracle must rebuild the student's level (room size, distractors, task types): with
+    the default level instead, it replays a different task and its advice is wrong."""
+    env = BabyAITextEnv(STARTER)
+    reset = env.reset(3, "train")
+    expert, last, actions = BabyAIExpert(env), None, []
+    for _ in range(20):
+        last = expert.act(last)
+        actions.append(last)
+        if env.step(ToolCall(last)).done:
+            break
+    traj = student_trajectory(tok, STARTER, 3, actions[:-1], reset.info.task_type)
+    served = build_scorer(TeacherConfig(backend="oracle"), NANO, env.system_prompt, env.tools, env_config=STARTER)
+    assert served.bot_actions(traj) == actions
+    assert BabyAIOracleTeacher(tok, OracleConfig()).bot_actions(traj) != actions
 
 
 def test_hf_backend_matches_a_forward_pass(tok, model):

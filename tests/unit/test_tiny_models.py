@@ -45,6 +45,17 @@ def test_tokenizer_and_model_load(nano):
     assert tok.decode(ids, skip_special_tokens=True) == '<tool_call>\n{"name": "drop"}\n</tool_call>'
 
 
+def test_tool_names_are_single_tokens(nano):
+    # `_` joins words, so a tool name is one id: the student picks an action with one token.
+    tok = load_tokenizer(nano)
+    for tool in BabyAITextEnv().tools:
+        name = tool["function"]["name"]
+        ids = tok.encode(f'{{"name": "{name}", "arguments": {{}}}}', add_special_tokens=False)
+        assert name in [tok.decode([i]).strip(' "') for i in ids], [tok.decode([i]) for i in ids]
+    text = "You see a red ball 2 steps left and 1 step forward\n"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
 def test_tiny_preset_size():
     model = load_model(ModelConfig(path="tiny:tiny"))
     assert 1_000_000 < sum(p.numel() for p in model.parameters()) < 5_000_000
