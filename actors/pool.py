@@ -15,6 +15,7 @@ the last error.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from actors.rollout_worker import RolloutConfig, RolloutWorker
@@ -26,14 +27,14 @@ class RolloutPool:
 
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
-                 placement: list[Any] | None = None) -> None:
+                 placement: list[Any] | None = None, worker_cls: type = RolloutWorker) -> None:
         import ray
 
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.config = config
         self.buffer = buffer
-        actor = ray.remote(RolloutWorker)
+        actor = ray.remote(worker_cls)
         self.workers = []
         for i in range(num_workers):
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
@@ -70,7 +71,11 @@ class RolloutPool:
                 ray.get(ref)
                 del self._runs[index]
                 self._failures.pop(index, None)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            except ray.exceptions.ActorUnavailableError:
+                # Restarting right now (a failure already counted): ask again in a moment.
+                time.sleep(0.2)
+                self._runs[index] = self.workers[index].run.remote(self._max_groups)
+            except ray.exceptions.RayActorError as exc:
                 # The actor died and Ray restarts it; the new incarnation re-runs its leased groups.
                 self._failed(index, exc)
             except ray.exceptions.RayTaskError as exc:
@@ -106,8 +111,6 @@ class RolloutPool:
 
     def wait(self, timeout_s: float = 600.0) -> None:
         """Block until every run finished (finite max_groups_per_worker)."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while not self.poll(timeout_s=min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() > deadline:

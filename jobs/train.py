@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -64,6 +65,9 @@ class RunConfig(BaseModel):
     eval_split: str = "eval50"
     eval_tasks: int = Field(default=12, ge=1)
     checkpoint_every: int = Field(default=10, ge=1)
+    max_wall_s: float | None = Field(default=None, gt=0)
+    """Stop (checkpoint, export) once the warm start and loop have run this long; None: no limit.
+    Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
@@ -145,9 +149,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    limit = config.run.max_wall_s
+    deadline = None if limit is None else time.monotonic() + limit
+
+    def should_stop() -> bool:
+        return stop["requested"] or (deadline is not None and time.monotonic() > deadline)
+
     try:
-        run.start(lambda: stop["requested"])
-        run.loop(lambda: stop["requested"])
+        run.start(should_stop)
+        run.loop(should_stop)
     finally:
         run.close()
     print(json.dumps({"final_version": run.version, "run_dir": str(run.dir)}), flush=True)

@@ -130,6 +130,8 @@ class TrainingRun:
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
         pq.write_table(pa.Table.from_pylist(rows), self.dir / "warm_start.parquet")
         self.checkpoint()
+        if ws.export:
+            self.learner.export_hf(str(self.dir / "warm_start_hf"))
 
     def loop(self, should_stop: Callable[[], bool]) -> None:
         import ray

@@ -34,6 +34,9 @@ class WarmStartConfig(BaseModel):
     """Learning rate during the warm start; None keeps learner.lr."""
     seed: int = 0
     """Shuffling seed of the epochs."""
+    export: bool = False
+    """Also save the warm-started policy as a HF directory, `<run.dir>/warm_start_hf` (a common
+    starting point for runs that compare algorithms)."""
 
 
 def demonstrations(config: WarmStartConfig, rollout, tokenizer) -> list[Trajectory]:

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 import time
 
 
@@ -136,4 +137,67 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_sess
         per_traj.setdefault(s.trajectory_id, []).append(s.turn_index)
     assert all(sorted(turns) == list(range(len(turns))) for turns in per_traj.values())  # none half-stored
     assert len(per_traj) == 8
+    assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
+
+
+def engine_dies_worker(after: int, marker: str | None):
+    """A RolloutWorker whose engine raises after `after` generations -- in every incarnation, or
+    (with `marker`) only while the marker file exists, i.e. once. A fake of the failure only:
+    the worker, pool and buffer around it are the real ones."""
+    from actors.rollout_worker import RolloutWorker
+
+    class EngineDiesWorker(RolloutWorker):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            generate, calls = self.engine.generate, [0]
+
+            def dying_generate(prompts, sampling):
+                calls[0] += 1
+                if calls[0] > after and (marker is None or os.path.exists(marker)):
+                    if marker is not None:
+                        os.remove(marker)
+                    raise RuntimeError("EngineDeadError: the engine core died")
+                return generate(prompts, sampling)
+
+            self.engine.generate = dying_generate
+
+    return EngineDiesWorker
+
+
+def test_a_worker_whose_engine_dies_is_restarted_without_loss(ray_session, tmp_path):
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    marker = tmp_path / "die-once"
+    marker.touch()
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    pool = RolloutPool(1, rollout_config(), NANO, buffer, num_cpus=0.5, max_restarts=2,
+                       worker_cls=engine_dies_worker(after=2, marker=str(marker)))
+    pid = ray.get(pool.workers[0].pid.remote())
+    pool.start(max_groups_per_worker=3)
+    pool.wait(timeout_s=300)
+    assert pool.num_failed_runs == 1 and not pool.retired and not marker.exists()
+    assert ray.get(pool.workers[0].pid.remote()) != pid  # killed and restarted, not left with a dead engine
+    samples = drain(ray, buffer)
+    assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(3)]
+    assert len({s.trajectory_id for s in samples}) == 6
+    assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
+
+
+def test_a_worker_that_keeps_failing_leaves_the_pool_and_the_job_fails(ray_session):
+    import ray
+    import pytest
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    pool = RolloutPool(1, rollout_config(), NANO, buffer, num_cpus=0.5, max_restarts=1,
+                       worker_cls=engine_dies_worker(after=1, marker=None))
+    pool.start()
+    with pytest.raises(RuntimeError, match="every rollout worker failed more than max_restarts=1 times.*"
+                                           "EngineDeadError: the engine core died"):
+        pool.wait(timeout_s=300)
+    assert pool.retired and pool.num_failed_runs == 2
+    # Its leased groups went back to admission: nothing outstanding for a worker that is gone.
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0

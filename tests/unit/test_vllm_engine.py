@@ -92,7 +92,7 @@ def test_seeded_batch_larger_than_one_step_does_not_kill_the_engine(engine, tok)
     # ("CPU Generator does not use offset"). Unchunked, the scheduler waits instead.
     base = tok.encode("You see a wall 2 steps forward\nYou see a red ball 1 step left\n" * 20, add_special_tokens=False)
     prompts = [base[:380 + i] for i in range(12)]
-    assert sum(map(len, prompts)) > 4 * 1024
+    assert sum(map(len, prompts)) > 3 * 1024
     for round_seed in range(2):
         gens = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=round_seed))
         assert len(gens) == 12 and all(1 <= len(g.token_ids) <= 8 for g in gens)
