@@ -69,6 +69,8 @@ class VLLMEngine:
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+        # vLLM logs several INFO lines per weight reload; a run reloads every step.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if config.cpu_omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_omp_threads_bind
         else:
