@@ -7,7 +7,7 @@ and the buffer stores each group once (`put_group`): no episode is lost or dupli
 
 A `run` that raises (its engine died, say: vLLM's engine core can fail under the actor)
 leaves the actor alive but useless, so the pool kills it and lets Ray restart it like a
-crashed one. A worker that failed more than `max_restarts` times in a row leaves the pool
+crashed one. A worker that failed more than `max_restarts` times leaves the pool
 and its leased groups go back to the buffer's admission (`abort_owner`), so the learner
 does not wait for groups that will never come; with no worker left the job fails, naming
 the last error.
@@ -48,7 +48,7 @@ class RolloutPool:
         self._max_groups: int | None = None
         self.num_failed_runs = 0
         self._failures: dict[int, int] = {}
-        """Consecutive failed runs per worker index (reset when a run returns)."""
+        """Failed runs per worker index (reset when a run returns); Ray restarts an actor at most max_restarts times."""
         self._weights: tuple[Any, int] | None = None
         """The latest published (ObjectRef of the weights, version)."""
         self.retired: dict[int, str] = {}
