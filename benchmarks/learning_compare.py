@@ -10,7 +10,8 @@
 Curves (eval success at the runs' eval steps) go to `<out>/curves.parquet`. The seeds expect
 OPD > GRPO at equal compute.
 
-    python benchmarks/learning_compare.py [--config jobs/configs/babyai_opd_tiny.yaml] [--budget-s 300] [--eval-tasks 100]
+    python benchmarks/learning_compare.py [--config jobs/configs/babyai_opd_tiny.yaml] [--budget-s 300]
+                                          [--eval-tasks 100] [--out runs/learning_compare]
 """
 
 from __future__ import annotations

@@ -247,8 +247,8 @@ class TrainingRun:
             "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
             "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
             "evicted": buffer["num_evicted"], "episodes": episodes, "successes": successes,
-            "rollout_tokens": tokens, "prompt_tokens": prompt_tokens,
-            "prompt_tokens_per_turn": prompt_tokens_per_turn, "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
+            "rollout_tokens": tokens, "prompt_tokens": prompt_tokens, "prompt_tokens_per_turn": prompt_tokens_per_turn,
+            "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
             "train_success_rate": train_success_rate, "eval_success": None,
         }
 

@@ -73,7 +73,8 @@ def test_published_weights_reach_rollout_workers(ray_session):
     batch, _owner = batch_of(ray, fake_trajectories())
     learner.train(batch)
     buffer = create_buffer_actor(BufferConfig())
-    pool = RolloutPool(1, RolloutConfig(engine="hf", num_envs=2, group_size=2, sampling=SamplingConfig(max_new_tokens=8, seed=0),
+    pool = RolloutPool(1, RolloutConfig(engine="hf", num_envs=2, group_size=2,
+                                        sampling=SamplingConfig(max_new_tokens=8, seed=0),
                                         loop=LoopConfig(max_turns=2)), NANO, buffer, num_cpus=0.5)
     pool.publish_weights(learner.publish(), version=learner.version())
     pool.start(max_groups_per_worker=1)
