@@ -51,6 +51,8 @@ class RolloutPool:
         """Failed runs per worker index (reset when a run returns); Ray restarts an actor at most max_restarts times."""
         self._weights: tuple[Any, int] | None = None
         """The latest published (ObjectRef of the weights, version)."""
+        self._restarting: dict[int, Any] = {}
+        """Workers restarting after a counted failure -> a `pid` probe of the new incarnation."""
         self.retired: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
 
@@ -64,6 +66,7 @@ class RolloutPool:
 
         if not self._runs:
             return True
+        self._settle_restarts()
         ready, _ = ray.wait(list(self._runs.values()), num_returns=len(self._runs), timeout=timeout_s)
         for ref in ready:
             index = next(i for i, r in self._runs.items() if r == ref)
@@ -71,10 +74,12 @@ class RolloutPool:
                 ray.get(ref)
                 del self._runs[index]
                 self._failures.pop(index, None)
-            except ray.exceptions.ActorUnavailableError:
-                # Restarting right now (a failure already counted): ask again in a moment.
-                time.sleep(0.2)
-                self._runs[index] = self.workers[index].run.remote(self._max_groups)
+            except ray.exceptions.ActorUnavailableError as exc:
+                if index in self._restarting:  # the restart of a failure already counted: ask again soon
+                    time.sleep(0.2)
+                    self._runs[index] = self.workers[index].run.remote(self._max_groups)
+                else:  # the process died under the call and Ray is restarting it
+                    self._failed(index, exc)
             except ray.exceptions.RayActorError as exc:
                 # The actor died and Ray restarts it; the new incarnation re-runs its leased groups.
                 self._failed(index, exc)
@@ -92,6 +97,21 @@ class RolloutPool:
         """Indices of the workers still in the pool."""
         return [i for i in range(len(self.workers)) if i not in self.retired]
 
+    def _settle_restarts(self) -> None:
+        """Forget the restarts whose new incarnation answered (a later failure counts again)."""
+        import ray
+
+        for index, probe in list(self._restarting.items()):
+            if not ray.wait([probe], timeout=0)[0]:
+                continue
+            try:
+                ray.get(probe)
+                del self._restarting[index]
+            except ray.exceptions.ActorUnavailableError:
+                self._restarting[index] = self.workers[index].pid.remote()
+            except ray.exceptions.RayActorError:
+                del self._restarting[index]  # gone for good: its run fails too and is counted there
+
     def _failed(self, index: int, exc: Exception) -> None:
         import ray
 
@@ -101,8 +121,10 @@ class RolloutPool:
             if self._weights is not None:  # calls from one caller run in order: weights first
                 self.workers[index].update_weights.remote([self._weights[0]], self._weights[1])
             self._runs[index] = self.workers[index].run.remote(self._max_groups)
+            self._restarting[index] = self.workers[index].pid.remote()
             return
         del self._runs[index]
+        self._restarting.pop(index, None)
         self.retired[index] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         ray.kill(self.workers[index], no_restart=True)
         released = ray.get(self.buffer.abort_owner.remote(f"worker-{index}"))
