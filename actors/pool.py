@@ -52,7 +52,8 @@ class RolloutPool:
         self._weights: tuple[Any, int] | None = None
         """The latest published (ObjectRef of the weights, version)."""
         self._restarting: dict[int, Any] = {}
-        """Workers restarting after a counted failure -> a `pid` probe of the new incarnation."""
+        """Workers restarting after a counted failure -> (a `pid` probe, the pid of the incarnation
+        that failed if it was still alive): a probe answered by a new pid ends the restart."""
         self.retired: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
 
@@ -85,8 +86,9 @@ class RolloutPool:
                 self._failed(index, exc)
             except ray.exceptions.RayTaskError as exc:
                 # The actor lives but its run raised (a dead engine): restart it the same way.
+                old_pid = ray.get(self.workers[index].pid.remote())
                 ray.kill(self.workers[index], no_restart=False)
-                self._failed(index, exc)
+                self._failed(index, exc, old_pid)
         if not self.active:
             raise RuntimeError(f"every rollout worker failed more than max_restarts={self.max_restarts} times; "
                                f"last error: {list(self.retired.values())[-1]}")
@@ -101,18 +103,20 @@ class RolloutPool:
         """Forget the restarts whose new incarnation answered (a later failure counts again)."""
         import ray
 
-        for index, probe in list(self._restarting.items()):
+        for index, (probe, old_pid) in list(self._restarting.items()):
             if not ray.wait([probe], timeout=0)[0]:
                 continue
             try:
-                ray.get(probe)
-                del self._restarting[index]
+                if ray.get(probe) == old_pid:  # answered before the kill took effect
+                    self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
+                else:
+                    del self._restarting[index]
             except ray.exceptions.ActorUnavailableError:
-                self._restarting[index] = self.workers[index].pid.remote()
+                self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
             except ray.exceptions.RayActorError:
                 del self._restarting[index]  # gone for good: its run fails too and is counted there
 
-    def _failed(self, index: int, exc: Exception) -> None:
+    def _failed(self, index: int, exc: Exception, old_pid: int | None = None) -> None:
         import ray
 
         self.num_failed_runs += 1
@@ -121,7 +125,7 @@ class RolloutPool:
             if self._weights is not None:  # calls from one caller run in order: weights first
                 self.workers[index].update_weights.remote([self._weights[0]], self._weights[1])
             self._runs[index] = self.workers[index].run.remote(self._max_groups)
-            self._restarting[index] = self.workers[index].pid.remote()
+            self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
             return
         del self._runs[index]
         self._restarting.pop(index, None)
