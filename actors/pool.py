@@ -21,6 +21,9 @@ from typing import Any
 from actors.rollout_worker import RolloutConfig, RolloutWorker
 from learner.models import ModelConfig
 
+_NOT_COUNTERS = frozenset({"pid", "policy_version"})
+"""Worker `stats` keys that describe the incarnation rather than count."""
+
 
 class RolloutPool:
     """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers)."""
@@ -55,6 +58,10 @@ class RolloutPool:
         """Workers restarting after a counted failure -> (a `pid` probe, the pid of the incarnation
         that failed if it was still alive): a probe answered by a new pid ends the restart."""
         self.retired: dict[int, str] = {}
+        self._last_stats: dict[int, dict[str, float]] = {}
+        """Each worker's latest `stats` answer (see `stats`)."""
+        self._carried: dict[int, dict[str, float]] = {}
+        """Counters of each worker's earlier incarnations."""
         """Workers that left the pool: index -> the error that ended them."""
 
     def start(self, max_groups_per_worker: int | None = None) -> None:
@@ -156,8 +163,24 @@ class RolloutPool:
         self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
     def stats(self) -> list[dict[str, float]]:
-        """Counters of the workers that answered (a restarting worker's counters restart at 0)."""
-        return list(self._gather({i: self.workers[i].stats.remote() for i in self.active}).values())
+        """Per worker index, counters summed over its incarnations, so totals never go back.
+
+        A restarted worker's counters start again at 0: when a worker answers with a new pid,
+        its previous incarnation's last answer is carried. A worker that does not answer (restarting,
+        or retired) reports its last answer. Counts between an incarnation's last answer and its death
+        are lost.
+        """
+        answers = self._gather({i: self.workers[i].stats.remote() for i in self.active})
+        for index, current in answers.items():
+            last = self._last_stats.get(index)
+            if last is not None and last["pid"] != current["pid"]:
+                carried = self._carried.setdefault(index, {})
+                for key, value in last.items():
+                    if key not in _NOT_COUNTERS:
+                        carried[key] = carried.get(key, 0.0) + value
+            self._last_stats[index] = current
+        return [{key: value + (0.0 if key in _NOT_COUNTERS else self._carried.get(index, {}).get(key, 0.0))
+                 for key, value in last.items()} for index, last in sorted(self._last_stats.items())]
 
     def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
         """Greedy evaluation, seeds spread over the workers; a worker that dies mid-eval has its

@@ -114,7 +114,7 @@ class RolloutWorker:
         self._stop = True
 
     async def stats(self) -> dict[str, float]:
-        return {**self._stats, "policy_version": self.engine.version}
+        return {**self._stats, "policy_version": self.engine.version, "pid": os.getpid()}
 
     async def _apply_weights(self) -> None:
         if self._pending_weights is None:

@@ -1,4 +1,4 @@
-"""Sub-trajectory prefix expansion and packing (ALGORITHMS.md §1).
+"""Sub-trajectory prefix expansion and packing (docs/algorithms.md §1).
 
 An n-turn trajectory becomes n samples; sample k = (prompt of turn k exactly as the engine
 saw it, response of turn k). Trained on separately, that costs O(n^2) tokens for a

@@ -2,7 +2,7 @@
 
 On a single machine Ray binds the host's external interface unless
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is in the environment *when ray is imported*
-(ARCHITECTURE.md). The embedded default and the tests must keep all traffic on 127.0.0.1,
+(docs/architecture.md). The embedded default and the tests must keep all traffic on 127.0.0.1,
 and must not write the auth token that later breaks `ray job submit` against a head
 started with `ray start --head`. Entry points call `configure_loopback()` before importing
 ray; `init_local_ray` checks the result and refuses to run off loopback.

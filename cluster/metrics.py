@@ -55,6 +55,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("weight_load_seconds", "histogram", "Time for a rollout worker to fetch and load new weights.",
            recorded_by=("rollout",), buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30)),
     Metric("teacher_latency_seconds", "gauge", "Teacher request latency (p50)."),
+    Metric("actor_restarts", "counter", "Restarts of dead actors, by component.", ("component",)),
     Metric("teacher_request_seconds", "histogram", "Teacher scoring time per request.", recorded_by=("teacher",),
            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30)),
     Metric("teacher_batch_turns", "gauge", "Mean turns per teacher batch.", recorded_by=("driver", "teacher")),

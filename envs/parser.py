@@ -1,10 +1,10 @@
 """Parse one assistant response into a tool call.
 
-Accepted shape (Qwen3's, QWEN3_FORMAT.md): optional `<think>...</think>`, then exactly one
+Accepted shape (Qwen3's, docs/token_format.md): optional `<think>...</think>`, then exactly one
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, whitespace allowed around and
 inside the blocks, nothing else. A trailing end-of-turn token is ignored.
 
-Two modes (ALGORITHMS.md §2):
+Two modes (docs/algorithms.md §2):
 - strict: anything else is a format error and the turn does not act;
 - gentle: the turn is still a format error, but acts when a tool name can be recovered
   from the tail of the response (the last `fallback_tail_words` words; the last mention

@@ -1,4 +1,4 @@
-"""Turn prompts: chat messages for the agent's k-th turn (ALGORITHMS.md §1).
+"""Turn prompts: chat messages for the agent's k-th turn (docs/algorithms.md §1).
 
 Messages: system (the environment's rules; the chat template adds the tool schemas), a user
 message with the task and the observation at the start of the history window, then the last
@@ -10,7 +10,7 @@ answered by a user message that names the format error.
 With W = "all" and no malformed turns, the prompt of turn k+1 extends the prompt of turn k;
 with a finite window it does not once k > W (buffer/ detects that before packing).
 
-Two-stage working memory (ALGORITHMS.md §7) plugs in through `working_memory`: the latest
+Two-stage working memory (docs/algorithms.md §7) plugs in through `working_memory`: the latest
 memory text is shown in the user message, and the caller decides when to ask for a new one.
 """
 

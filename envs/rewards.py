@@ -1,4 +1,4 @@
-"""Episode rewards: outcome and format (ALGORITHMS.md §2).
+"""Episode rewards: outcome and format (docs/algorithms.md §2).
 
 - strict: outcome (+1 success / -1 failure) plus one format term for the episode
   (+0.5 when every turn parsed, else -0.5);

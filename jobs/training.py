@@ -54,6 +54,8 @@ class TrainingRun:
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"])
         self.rows: list[dict] = []
+        self._teacher_pids: list[int] = []
+        """The pid of each teacher service at the last step: a new pid is a restart."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -194,7 +196,11 @@ class TrainingRun:
 
         buffer = ray.get(self.buffer.stats.remote())
         workers = self.pool.stats()
+        # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
         teachers = ray.get([t.stats.remote() for t in self.teachers])
+        pids = [t["pid"] for t in teachers]
+        teacher_restarts = sum(old != new for old, new in zip(self._teacher_pids, pids))
+        self._teacher_pids = pids
         staleness = [self.version - 1 - v for v in versions]
         m = self.metrics
         m.set("learner_version", self.version)
@@ -238,6 +244,9 @@ class TrainingRun:
               task_type="all", outcome="failure")
         m.inc("buffer_dropped", buffer["num_dropped_stale"] - previous.get("dropped_stale", 0), reason="stale")
         m.inc("buffer_dropped", buffer["num_evicted"] - previous.get("evicted", 0), reason="evicted")
+        teacher_restarts += previous.get("teacher_restarts", 0)
+        m.inc("actor_restarts", teacher_restarts - previous.get("teacher_restarts", 0), component="teacher")
+        m.inc("actor_restarts", self.pool.num_failed_runs - previous.get("rollout_failed_runs", 0), component="rollout")
         return {
             "version": self.version, "time": time.time(), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
             "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "clip_frac": stats["clip_frac"],
@@ -250,6 +259,7 @@ class TrainingRun:
             "rollout_tokens": tokens, "prompt_tokens": prompt_tokens, "prompt_tokens_per_turn": prompt_tokens_per_turn,
             "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
             "train_success_rate": train_success_rate, "eval_success": None,
+            "rollout_failed_runs": self.pool.num_failed_runs, "teacher_restarts": teacher_restarts,
         }
 
     def _evaluate(self, row: dict) -> None:

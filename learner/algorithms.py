@@ -1,4 +1,4 @@
-"""Algorithms: group-end advantages and token-level losses (ALGORITHMS.md §2-3), in a registry.
+"""Algorithms: group-end advantages and token-level losses (docs/algorithms.md §2-3), in a registry.
 
 Every loss sees a `TokenBatch` of padded [num_sequences, num_tokens] tensors where position
 t holds token t; `logprobs[:, t]` is the current policy's log-prob of token t (from the

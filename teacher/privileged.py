@@ -1,6 +1,6 @@
 """Privileged context for the teacher: skills retrieved from a skill bank by keyword match.
 
-RetireOPD (ALGORITHMS.md §5) lets the teacher read context c+ the student never sees. The
+RetireOPD (docs/algorithms.md §5) lets the teacher read context c+ the student never sees. The
 teacher prompt is the student's prompt with the retrieved skills appended to the system
 turn; the response tokens stay the student's exact tokens.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections import deque
 from typing import Literal, Protocol
@@ -44,6 +45,9 @@ class TeacherConfig(BaseModel):
     """Close a batch once its oldest request waited this long."""
     max_batch_tokens: int = Field(default=32768, ge=1)
     """Token budget of one forward pass (hf backend)."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times Ray restarts a dead teacher service; its pending `score` calls are retried on the
+    new incarnation (scoring is a pure function of the trajectories, so a retry duplicates nothing)."""
 
 
 class TrajectoryScorer(Protocol):
@@ -217,6 +221,7 @@ class TeacherService:
     async def stats(self) -> dict[str, float]:
         lat = np.array(self._latencies) if self._latencies else np.zeros(1)
         return {
+            "pid": os.getpid(),
             "num_requests": self._num_requests,
             "num_batches": self._num_batches,
             "num_turns_scored": self._num_turns,
@@ -241,5 +246,6 @@ def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, sy
     import ray
 
     options.setdefault("num_cpus", 1)
+    options.update(max_restarts=config.max_restarts, max_task_retries=-1)
     return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools,
                                                                f"teacher-{index}", env_config)

@@ -1,4 +1,4 @@
-"""BabyAI-Text observation sentences from minigrid's egocentric 7x7 view (BABYAI_TEXT.md).
+"""BabyAI-Text observation sentences from minigrid's egocentric 7x7 view (docs/babyai_text.md).
 
 The view `image[x, y]` holds (object, colour, state) indices; x runs left to right, y far
 to near, the agent sits at the bottom centre looking "forward", and cells it cannot see

@@ -127,10 +127,13 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_sess
         if stats["num_outstanding_groups"] and ray.get(worker.stats.remote()).get("num_groups_put", 0) >= 1:
             break
         time.sleep(0.02)
+    seen = pool.stats()[0]["num_episodes"]
     os.kill(pid, signal.SIGKILL)
     pool.wait(timeout_s=300)
     assert pool.num_failed_runs >= 1
     assert ray.get(worker.pid.remote()) != pid
+    # The pool's counters add the dead incarnation's last answer to the new one's.
+    assert pool.stats()[0]["num_episodes"] == seen + ray.get(worker.stats.remote())["num_episodes"]
     assert ray.get(worker.stats.remote())["num_recovered_groups"] >= 1
     samples = drain(ray, buffer)
     groups = sorted({s.group_id for s in samples})
@@ -141,6 +144,28 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_sess
     assert all(sorted(turns) == list(range(len(turns))) for turns in per_traj.values())  # none half-stored
     assert len(per_traj) == 8
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
+
+
+def test_a_killed_teacher_service_is_restarted_and_its_requests_retried(ray_session):
+    import ray
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
+                                     BabyAITextEnv.system_prompt, BabyAITextEnv().tools, num_cpus=0)
+    pid = ray.get(teacher.stats.remote())["pid"]
+    pool = RolloutPool(1, rollout_config(), NANO, buffer, [teacher], num_cpus=0.5)
+    pool.start(max_groups_per_worker=4)
+    deadline = time.monotonic() + 120
+    while ray.get(teacher.stats.remote())["num_requests"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pool.wait(timeout_s=300)
+    assert ray.get(teacher.stats.remote())["pid"] != pid
+    assert pool.num_failed_runs == 0  # the worker's `score` call was retried, not failed
+    samples = drain(ray, buffer)
+    assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(4)]
+    assert all(s.teacher_logprobs is not None for s in samples)
+    assert ray.get(buffer.stats.remote())["num_duplicate_groups"] == 0
 
 
 def engine_dies_worker(after: int, marker: str | None):
