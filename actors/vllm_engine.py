@@ -130,18 +130,30 @@ class VLLMEngine:
                                       finish_reason="stop" if ids and ids[-1] in self.stop_token_ids else "length"))
         return results
 
-    def score(self, sequences: list[list[int]], num_response_tokens: list[int]) -> list[tuple[float, ...]]:
-        """Log-prob of each of the last num_response_tokens tokens of each sequence (prompt log-probs)."""
+    def score(self, sequences: list[list[int]], num_response_tokens: list[int], top_k: int = 0):
+        """`TokenScores` of the last num_response_tokens tokens of each sequence (prompt log-probs),
+        with the top-k tokens at each of those positions when top_k > 0."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        from teacher.backends import TokenScores
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)
         scores = []
         for out, n in zip(outputs, num_response_tokens):
             ids, lps = out.prompt_token_ids, out.prompt_logprobs
-            scores.append(tuple(float(lps[k][ids[k]].logprob) for k in range(len(ids) - n, len(ids))))
+            positions = range(len(ids) - n, len(ids))
+            logprobs = tuple(float(lps[k][ids[k]].logprob) for k in positions)
+            if not top_k:
+                scores.append(TokenScores(logprobs))
+                continue
+            # Each position holds the top-k (rank 1..k) plus the actual token at its own rank.
+            rows = [sorted((item.rank, token, float(item.logprob)) for token, item in lps[k].items()
+                           if item.rank <= top_k) for k in positions]
+            scores.append(TokenScores(logprobs, tuple(tuple(t for _, t, _ in r) for r in rows),
+                                      tuple(tuple(lp for _, _, lp in r) for r in rows)))
         return scores
 
     def update_weights(self, state_dict: dict, version: int) -> None:

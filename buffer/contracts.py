@@ -15,6 +15,20 @@ from typing import Any
 import pyarrow as pa
 
 
+def check_topk(turn_index: int, num_response_tokens: int, ids, logprobs) -> None:
+    """Top-k ids and log-probs come together, one row of the same width per response token."""
+    if (ids is None) != (logprobs is None):
+        raise ValueError(f"turn {turn_index}: teacher top-k ids and log-probs must both be set or both None")
+    if ids is None:
+        return
+    if len(ids) != num_response_tokens or len(logprobs) != num_response_tokens:
+        raise ValueError(f"turn {turn_index}: teacher top-k rows ({len(ids)}, {len(logprobs)}) "
+                         f"for {num_response_tokens} response tokens")
+    widths = {len(row) for row in ids} | {len(row) for row in logprobs}
+    if len(widths) > 1:
+        raise ValueError(f"turn {turn_index}: teacher top-k rows of different widths {sorted(widths)}")
+
+
 @dataclass(frozen=True)
 class Turn:
     """One agent turn: the prompt the engine saw and what it generated."""
@@ -41,9 +55,15 @@ class Turn:
     """'stop' (end-of-turn token), 'length' (max new tokens) or 'context' (context limit)."""
     executed_call: str | None = None
     """JSON {"name", "arguments"} of the tool call the environment executed; None if nothing acted."""
+    teacher_topk_ids: tuple[tuple[int, ...], ...] | None = None
+    """The teacher's k most likely next tokens at each response position, shape [num_response_tokens, k];
+    -1 pads a position where the teacher has fewer (or no) candidates. None: not requested."""
+    teacher_topk_logprobs: tuple[tuple[float, ...], ...] | None = None
+    """Teacher log-probs of `teacher_topk_ids`, shape [num_response_tokens, k] (0 on padding)."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
+        check_topk(self.turn_index, n, self.teacher_topk_ids, self.teacher_topk_logprobs)
         if len(self.behaviour_logprobs) != n:
             raise ValueError(f"turn {self.turn_index}: {len(self.behaviour_logprobs)} behaviour log-probs "
                              f"for {n} response tokens")
@@ -132,6 +152,10 @@ class Sample:
     """Episode advantage from the group-end hook, or None."""
     finish_reason: str
     """How the response ended: 'stop', 'length' or 'context'."""
+    teacher_topk_ids: tuple[tuple[int, ...], ...] | None = None
+    """Teacher top-k token ids per response token, shape [num_response_tokens, k] (-1: padding), or None."""
+    teacher_topk_logprobs: tuple[tuple[float, ...], ...] | None = None
+    """Their teacher log-probs, shape [num_response_tokens, k], or None."""
 
     @property
     def num_tokens(self) -> int:
@@ -140,6 +164,8 @@ class Sample:
 
 _TOKENS = pa.list_(pa.int32())
 _LOGPROBS = pa.list_(pa.float32())
+_TOPK_IDS = pa.list_(_TOKENS)
+_TOPK_LOGPROBS = pa.list_(_LOGPROBS)
 
 SAMPLE_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),
@@ -149,6 +175,7 @@ SAMPLE_SCHEMA = pa.schema([
     ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
     ("outcome_reward", pa.float64()), ("format_reward", pa.float64()), ("success", pa.bool_()),
     ("horizon_k", pa.int32()), ("advantage", pa.float64()), ("finish_reason", pa.string()),
+    ("teacher_topk_ids", _TOPK_IDS), ("teacher_topk_logprobs", _TOPK_LOGPROBS),
 ])
 """Arrow schema of a batch of samples; one row per Sample, same field names."""
 
@@ -157,6 +184,7 @@ TURN_TYPE = pa.struct([
     ("behaviour_logprobs", _LOGPROBS), ("policy_version", pa.int64()), ("teacher_logprobs", _LOGPROBS),
     ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
     ("finish_reason", pa.string()), ("executed_call", pa.string()),
+    ("teacher_topk_ids", _TOPK_IDS), ("teacher_topk_logprobs", _TOPK_LOGPROBS),
 ])
 TRAJECTORY_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),
@@ -170,6 +198,7 @@ _SAMPLE_FIELDS = [f.name for f in fields(Sample)]
 _TRAJECTORY_FIELDS = [f.name for f in fields(Trajectory)]
 _TURN_FIELDS = [f.name for f in fields(Turn)]
 _TUPLE_FIELDS = {"prompt_ids", "response_ids", "behaviour_logprobs", "teacher_logprobs"}
+_NESTED_TUPLE_FIELDS = {"teacher_topk_ids", "teacher_topk_logprobs"}
 assert _SAMPLE_FIELDS == SAMPLE_SCHEMA.names and _TRAJECTORY_FIELDS == TRAJECTORY_SCHEMA.names
 assert _TURN_FIELDS == [TURN_TYPE.field(i).name for i in range(TURN_TYPE.num_fields)]
 
@@ -179,7 +208,14 @@ def _row(obj: Any, names: list[str]) -> dict[str, Any]:
 
 
 def _from_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (tuple(v) if k in _TUPLE_FIELDS and v is not None else v) for k, v in row.items()}
+    out = {}
+    for k, v in row.items():
+        if v is not None and k in _TUPLE_FIELDS:
+            v = tuple(v)
+        elif v is not None and k in _NESTED_TUPLE_FIELDS:
+            v = tuple(tuple(r) for r in v)
+        out[k] = v
+    return out
 
 
 def samples_to_table(samples: list[Sample]) -> pa.Table:

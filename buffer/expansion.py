@@ -29,6 +29,7 @@ def expand(trajectory: Trajectory) -> list[Sample]:
             turn_reward=turn.turn_reward, outcome_reward=trajectory.outcome_reward,
             format_reward=trajectory.format_reward, success=trajectory.success, horizon_k=trajectory.horizon_k,
             advantage=trajectory.advantage, finish_reason=turn.finish_reason,
+            teacher_topk_ids=turn.teacher_topk_ids, teacher_topk_logprobs=turn.teacher_topk_logprobs,
         )
         for turn in trajectory.turns
     ]
@@ -58,6 +59,11 @@ class TrainSequence:
     """Episode advantage of the token's sample (0 if unset) on response tokens, 0 elsewhere, shape [num_tokens]."""
     turn_reward: tuple[float, ...]
     """Turn reward of the token's turn on response tokens, 0 elsewhere, shape [num_tokens]."""
+    teacher_topk_ids: tuple[tuple[int, ...], ...] | None = None
+    """Teacher top-k ids for the token at each position (response tokens), -1 elsewhere and on padding,
+    shape [num_tokens, k]; None unless every turn has them."""
+    teacher_topk_logprobs: tuple[tuple[float, ...], ...] | None = None
+    """Their teacher log-probs, 0 where the id is -1, shape [num_tokens, k]."""
 
     @property
     def num_tokens(self) -> int:
@@ -74,6 +80,12 @@ def _segments_sequence(token_ids: list[int], segments: list[tuple[int, Sample]])
     advantage, turn_reward = [0.0] * n, [0.0] * n
     scored = all(s.teacher_logprobs is not None for _, s in segments)
     teacher = [0.0] * n if scored else None
+    widths = {len(s.teacher_topk_ids[0]) if s.teacher_topk_ids else 0
+              for _, s in segments if s.teacher_topk_ids is not None and s.response_ids}
+    with_topk = all(s.teacher_topk_ids is not None for _, s in segments) and len(widths) == 1
+    k = widths.pop() if with_topk else 0
+    topk_ids = [(-1,) * k] * n if with_topk else None
+    topk_lps = [(0.0,) * k] * n if with_topk else None
     for start, s in segments:
         for j, _ in enumerate(s.response_ids):
             p = start + j
@@ -85,9 +97,12 @@ def _segments_sequence(token_ids: list[int], segments: list[tuple[int, Sample]])
             turn_reward[p] = s.turn_reward
             if teacher is not None:
                 teacher[p] = s.teacher_logprobs[j]
+            if topk_ids is not None:
+                topk_ids[p], topk_lps[p] = s.teacher_topk_ids[j], s.teacher_topk_logprobs[j]
     return TrainSequence(tuple(token_ids), tuple(mask), tuple(turn), tuple(behaviour),
                          None if teacher is None else tuple(teacher), tuple(version), tuple(advantage),
-                         tuple(turn_reward))
+                         tuple(turn_reward), None if topk_ids is None else tuple(topk_ids),
+                         None if topk_lps is None else tuple(topk_lps))
 
 
 def sample_sequence(sample: Sample) -> TrainSequence:

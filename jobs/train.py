@@ -93,6 +93,8 @@ class JobConfig(BaseModel):
         name = self.learner.algorithm.name
         if name in ("opd", "joint") and self.teacher is None:
             raise ValueError(f"learner.algorithm.name={name} needs a teacher (set the teacher section)")
+        if self.learner.algorithm.topk_kl_coef and (self.teacher is None or not self.teacher.top_k):
+            raise ValueError("learner.algorithm.topk_kl_coef > 0 needs the teacher's top-k: set teacher.top_k > 0")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
         rollout = self.rollout
@@ -142,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         print(config.cluster.plan.describe())
         return 0
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from jobs.training import TrainingRun
+    from jobs.training import TrainingRun, latest_checkpoint
 
+    if args.resume:
+        try:  # before any actor starts
+            latest_checkpoint(Path(args.resume))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     connect(config.cluster)
     run = TrainingRun(config, resume=bool(args.resume))
     stop = {"requested": False}
@@ -160,9 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     def should_stop() -> bool:
         return stop["requested"] or (deadline is not None and time.monotonic() > deadline)
 
+    import ray
+
     try:
         run.start(should_stop)
         run.loop(should_stop)
+    except ray.exceptions.RayActorError as exc:
+        message = run.stop_message(exc)
+        if message is None:
+            raise
+        print(f"run stopped: {message}", file=sys.stderr, flush=True)
+        return 1
     finally:
         run.close()
     print(json.dumps({"final_version": run.version, "run_dir": str(run.dir)}), flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,6 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.config import dump_config
+from learner.trainer import check_checkpoint
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The run's latest checkpoint, checked complete; ValueError naming the problem otherwise."""
+    latest = Path(run_dir) / "checkpoints" / "latest"
+    if not latest.exists():
+        raise ValueError(f"--resume {run_dir}: no checkpoint there (missing {latest})")
+    path = latest.parent / latest.read_text().strip()
+    check_checkpoint(path)
+    return path
 
 
 class TrainingRun:
@@ -63,10 +75,7 @@ class TrainingRun:
             self._resume()
 
     def _resume(self) -> None:
-        latest = self.dir / "checkpoints" / "latest"
-        if not latest.exists():
-            raise ValueError(f"--resume {self.dir}: no checkpoint there (missing {latest})")
-        path = self.dir / "checkpoints" / latest.read_text().strip()
+        path = latest_checkpoint(self.dir)
         extra = self.learner.load(str(path))
         self.version = self.learner.version()
         self.warm_steps = int(extra.get("warm_start_steps", 0))
@@ -106,7 +115,7 @@ class TrainingRun:
         total = num_steps(len(demos), ws)
         print(f"warm start: the bot solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
-        sft = self.config.learner.algorithm.model_copy(update={"name": "sft"})
+        sft = self.config.learner.algorithm.model_copy(update={"name": "sft", "topk_kl_coef": 0.0})
         rows = []
         for episodes in epoch_batches(demos, ws):
             if should_stop():
@@ -249,18 +258,42 @@ class TrainingRun:
         m.inc("actor_restarts", self.pool.num_failed_runs - previous.get("rollout_failed_runs", 0), component="rollout")
         return {
             "version": self.version, "time": time.time(), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
-            "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "clip_frac": stats["clip_frac"],
-            "mismatch_kl": stats["mismatch_kl"], "num_samples": len(versions),
+            "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "topk_kl": stats["topk_kl"],
+            "clip_frac": stats["clip_frac"], "mismatch_kl": stats["mismatch_kl"], "num_samples": len(versions),
             "num_loss_tokens": stats["num_loss_tokens"], "max_staleness": max(staleness) if staleness else 0,
             "mean_staleness": sum(staleness) / max(len(staleness), 1), "sample_versions": versions,
             "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
             "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
-            "evicted": buffer["num_evicted"], "episodes": episodes, "successes": successes,
+            "evicted": buffer["num_evicted"], "buffer_put": buffer["num_put"], "buffer_consumed": buffer["num_consumed"],
+            "buffer_resident": buffer["num_resident"], "duplicate_groups": buffer["num_duplicate_groups"],
+            "episodes": episodes, "successes": successes,
             "rollout_tokens": tokens, "prompt_tokens": prompt_tokens, "prompt_tokens_per_turn": prompt_tokens_per_turn,
             "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
             "train_success_rate": train_success_rate, "eval_success": None,
             "rollout_failed_runs": self.pool.num_failed_runs, "teacher_restarts": teacher_restarts,
         }
+
+    def stop_message(self, exc: Exception) -> str | None:
+        """What to tell the user when the buffer or a learner rank died (the run cannot go on), or None.
+
+        Neither is recreated in place: the buffer holds the exactly-once group leases and the
+        learner ranks hold the sharded model, so the run stops and `--resume` continues from the
+        latest checkpoint. When only the buffer died, the learner still holds the current
+        weights and checkpoints them first, so no step is lost.
+        """
+        actor_id = getattr(exc, "actor_id", None)
+        if actor_id is None:
+            return None
+        resume = f"continue with: python -m jobs.train --resume {self.dir}"
+        if actor_id == self.buffer._actor_id.hex():
+            path = self.checkpoint()
+            return (f"the replay buffer actor died ({type(exc).__name__}); the samples it held are lost. "
+                    f"Checkpointed version {self.version} at {path}; {resume}")
+        for rank, actor in enumerate(self.learner.ranks):
+            if actor_id == actor._actor_id.hex():
+                return (f"learner rank {rank} died ({type(exc).__name__}) at version {self.version}; "
+                        f"{resume} (from its latest checkpoint)")
+        return None
 
     def _evaluate(self, row: dict) -> None:
         rows = self.pool.evaluate(self.config.run.eval_split, list(range(self.config.run.eval_tasks)))
@@ -285,7 +318,10 @@ class TrainingRun:
         name = f"step_{self.version:06d}"
         path = self.learner.save(str(self.dir / "checkpoints" / name),
                                  extra={"version": self.version, "warm_start_steps": self.warm_steps})
-        (self.dir / "checkpoints" / "latest").write_text(name)
+        # `latest` is replaced atomically, and only once the checkpoint itself is complete.
+        tmp = self.dir / "checkpoints" / "latest.tmp"
+        tmp.write_text(name)
+        os.replace(tmp, self.dir / "checkpoints" / "latest")
         self.write_metrics()
         return Path(path)
 

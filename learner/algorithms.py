@@ -36,6 +36,9 @@ class AlgorithmConfig(BaseModel):
     aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
     opd_scale: float = Field(default=1.0, gt=0)
     """Scale of the OPD token advantage (teacher - behaviour log-prob)."""
+    topk_kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the forward KL to the teacher's top-k at each response token, added to the loss
+    (needs teacher.top_k > 0); 0: off."""
     opd_advantage_clip: float | None = Field(default=None, gt=0)
     """Bound |A_t| of the OPD token advantage (None: unbounded). A token the teacher finds
     near-impossible (the oracle's log(ε/V) for a response that leaves every valid call, about
@@ -69,6 +72,10 @@ class TokenBatch:
     """Turn reward per response token, float [N, T]."""
     staleness: torch.Tensor
     """Learner version minus the token's policy version, long [N, T] (0 off the response)."""
+    teacher_topk_ids: torch.Tensor | None = None
+    """Teacher's top-k candidates for each token, long [N, T, k], -1 where none; None if not scored so."""
+    teacher_topk_logprobs: torch.Tensor | None = None
+    """Their teacher log-probs, float [N, T, k]."""
 
 
 @dataclass
@@ -142,6 +149,25 @@ def joint_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) 
     o = opd_loss(logprobs, batch, cfg)
     return LossOutput(g.loss_sum + cfg.opd_lambda * o.loss_sum, g.num_units,
                       {**g.stats, "reverse_kl": o.stats["reverse_kl"]})
+
+
+def forward_kl_topk(student_topk: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+    """KL(q || π_θ) at each response token over the teacher's top-k, q the teacher's top-k
+    distribution renormalised; `student_topk` [N, T, k] holds log π_θ of the same ids.
+
+    Unlike the sampled-token OPD term, it raises the teacher's preferred tokens where the student
+    sampled something else. Positions without candidates contribute 0 (same units as the main loss).
+    """
+    if batch.teacher_topk_ids is None:
+        raise ValueError("topk_kl_coef > 0 needs the teacher's top-k on every sample: set teacher.top_k")
+    valid = batch.teacher_topk_ids >= 0
+    teacher = batch.teacher_topk_logprobs.masked_fill(~valid, float("-inf"))
+    has = valid.any(-1) & batch.loss_mask
+    q_log = torch.log_softmax(teacher.masked_fill(~has[..., None], 0.0), dim=-1)
+    q = q_log.exp() * valid
+    per_token = (q * (q_log.masked_fill(~valid, 0.0) - student_topk.masked_fill(~valid, 0.0))).sum(-1) * has
+    loss, units = _aggregate(per_token, batch.loss_mask, cfg.aggregation)
+    return LossOutput(loss, units, {"topk_kl": float(per_token.detach().sum())})
 
 
 def sft_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:

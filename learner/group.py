@@ -115,9 +115,16 @@ class LearnerGroup:
             self.ranks.append(actor.options(**options).remote(r, num_ranks, port, config, model, backend))
 
     def _all(self, method: str, *args) -> list:
+        """The call on every rank. A rank that died fails the call at once (the others would
+        wait for it in a collective until the process-group timeout)."""
         import ray
 
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        refs = [getattr(r, method).remote(*args) for r in self.ranks]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready[0])
+        return ray.get(refs)
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
               lr: float | None = None) -> dict[str, float]:

@@ -26,9 +26,38 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.expansion import TrainSequence
-from learner.algorithms import LOSSES, AlgorithmConfig, TokenBatch
+from learner.algorithms import LOSSES, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
 from learner.models import ModelConfig, load_model
 
+
+def check_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """The trainer state of a complete checkpoint; ValueError naming what is missing or unreadable.
+
+    A checkpoint is complete when its trainer_state.json parses, the DCP metadata reads, every
+    storage file the metadata names is present with a non-zero size, and every rank's RNG file exists.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"checkpoint {directory} does not exist")
+    try:
+        state = json.loads((directory / "trainer_state.json").read_text())
+        world_size, _ = int(state["world_size"]), int(state["version"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"checkpoint {directory}: trainer_state.json is missing or corrupt ({exc})") from exc
+    try:
+        metadata = FileSystemReader(str(directory / "dcp")).read_metadata()
+    except Exception as exc:  # DCP raises several types for a bad file; all mean the same here
+        raise ValueError(f"checkpoint {directory}: the DCP metadata is missing or corrupt ({exc})") from exc
+    for name in sorted({item.relative_path for item in metadata.storage_data.values()}):
+        shard = directory / "dcp" / name
+        if not shard.is_file() or shard.stat().st_size == 0:
+            raise ValueError(f"checkpoint {directory}: shard dcp/{name} is missing or empty")
+    for rank in range(world_size):
+        if not (directory / f"rng_rank{rank}.pt").is_file():
+            raise ValueError(f"checkpoint {directory}: rng_rank{rank}.pt is missing")
+    return state
 
 class LearnerConfig(BaseModel):
     """Optimisation settings of the learner."""
@@ -74,6 +103,15 @@ def collate(sequences: list[TrainSequence], learner_version: int, pad_token_id: 
 
     versions = pad([s.policy_version for s in sequences], -1, torch.long)
     scored = all(s.teacher_logprobs is not None for s in sequences)
+    widths = {len(s.teacher_topk_ids[0]) for s in sequences if s.teacher_topk_ids}
+    topk_ids = topk_lps = None
+    if all(s.teacher_topk_ids is not None for s in sequences) and len(widths) == 1:
+        k = widths.pop()
+        topk_ids = torch.full((n, width, k), -1, dtype=torch.long)
+        topk_lps = torch.zeros((n, width, k), dtype=torch.float32)
+        for i, s in enumerate(sequences):
+            topk_ids[i, :s.num_tokens] = torch.tensor(s.teacher_topk_ids, dtype=torch.long)
+            topk_lps[i, :s.num_tokens] = torch.tensor(s.teacher_topk_logprobs, dtype=torch.float32)
     return TokenBatch(
         input_ids=pad([s.token_ids for s in sequences], pad_token_id, torch.long),
         attention_mask=pad([[1] * s.num_tokens for s in sequences], 0, torch.long),
@@ -83,6 +121,7 @@ def collate(sequences: list[TrainSequence], learner_version: int, pad_token_id: 
         advantages=pad([s.advantage for s in sequences], 0.0, torch.float32),
         turn_rewards=pad([s.turn_reward for s in sequences], 0.0, torch.float32),
         staleness=torch.where(versions >= 0, learner_version - versions, torch.zeros_like(versions)),
+        teacher_topk_ids=topk_ids, teacher_topk_logprobs=topk_lps,
     )
 
 
@@ -97,15 +136,24 @@ def micro_batches(sequences: list[TrainSequence], token_budget: int) -> list[lis
     return out
 
 
-def token_logprobs(model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-prob of each token under the model, entropy of each position's prediction), [N, T], 0 at t=0."""
+def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
+    """(log-prob of each token under the model, entropy of each position's prediction) [N, T], 0 at
+    t=0; with `with_topk` also the log-probs of the teacher's top-k ids at each position [N, T, k]
+    (None when the batch has no teacher top-k)."""
     device = next(model.parameters()).device
     logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
     logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     logp = logp_all.gather(-1, batch.input_ids[:, 1:, None].to(device)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
     zero = torch.zeros_like(logp[:, :1])
-    return torch.cat([zero, logp], dim=1).cpu(), torch.cat([zero, entropy], dim=1).cpu()
+    out = torch.cat([zero, logp], dim=1).cpu(), torch.cat([zero, entropy], dim=1).cpu()
+    if not with_topk:
+        return out
+    if batch.teacher_topk_ids is None:
+        return (*out, None)
+    ids = batch.teacher_topk_ids[:, 1:].clamp(min=0).to(device)
+    topk = logp_all.gather(-1, ids)
+    return (*out, torch.cat([torch.zeros_like(topk[:, :1]), topk], dim=1).cpu())
 
 
 class Trainer:
@@ -164,13 +212,20 @@ class Trainer:
         if global_units == 0:
             raise ValueError("the batch has no trainable response token on any rank")
         sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
-                "mismatch_kl": 0.0, "reverse_kl": 0.0, "tokens": 0.0, "sequences": 0.0}
+                "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0}
         max_staleness = 0.0
         for i in range(num_passes):
             if i < len(batches):
                 b = batches[i]
-                logp, entropy = token_logprobs(self.model, b)
+                if cfg.topk_kl_coef:
+                    logp, entropy, topk = token_logprobs(self.model, b, with_topk=True)
+                else:
+                    logp, entropy = token_logprobs(self.model, b)
                 out = loss_fn(logp, b, cfg)
+                if cfg.topk_kl_coef:
+                    kl = forward_kl_topk(topk, b, cfg)
+                    out = LossOutput(out.loss_sum + cfg.topk_kl_coef * kl.loss_sum, out.num_units,
+                                     {**out.stats, **kl.stats})
                 # FSDP averages gradients over ranks; the loss is already a global mean, so undo that.
                 (out.loss_sum * (self.world_size / global_units)).backward()
                 mask = b.loss_mask
@@ -180,7 +235,7 @@ class Trainer:
                 sums["staleness"] += float((b.staleness * mask).sum())
                 sums["tokens"] += float(b.attention_mask.sum())
                 sums["sequences"] += len(b.input_ids)
-                for key in ("clip_frac", "mismatch_kl", "reverse_kl"):
+                for key in ("clip_frac", "mismatch_kl", "reverse_kl", "topk_kl"):
                     sums[key] += out.stats.get(key, 0.0)
                 if mask.any():
                     max_staleness = max(max_staleness, float(b.staleness[mask].max()))
@@ -210,6 +265,7 @@ class Trainer:
             "clip_frac": totals["clip_frac"] / tokens,
             "mismatch_kl": totals["mismatch_kl"] / tokens,
             "reverse_kl": totals["reverse_kl"] / tokens,
+            "topk_kl": totals["topk_kl"] / tokens,
             "num_loss_tokens": totals["loss_tokens"],
             "num_tokens": totals["tokens"],
             "num_sequences": totals["sequences"],
@@ -262,7 +318,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         directory = Path(directory)
-        state = json.loads((directory / "trainer_state.json").read_text())
+        state = check_checkpoint(directory)
         if state["world_size"] != self.world_size:
             # DCP reshards; the per-rank RNG streams simply restart from rank 0's.
             rng_file = directory / "rng_rank0.pt"

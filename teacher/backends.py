@@ -18,11 +18,30 @@ class ScoreRequest:
     """The student's exact response tokens, shape [num_response_tokens]."""
 
 
+@dataclass(frozen=True)
+class TokenScores:
+    """The teacher's view of one response."""
+
+    logprobs: tuple[float, ...]
+    """Teacher log-prob of each response token, shape [num_response_tokens]."""
+    topk_ids: tuple[tuple[int, ...], ...] | None = None
+    """The teacher's k most likely tokens at each response position, shape [num_response_tokens, k]
+    (-1 pads a position with fewer candidates); None when top-k was not asked for."""
+    topk_logprobs: tuple[tuple[float, ...], ...] | None = None
+    """Their log-probs, shape [num_response_tokens, k] (0 on padding)."""
+
+    def slice(self, start: int, stop: int) -> "TokenScores":
+        """The scores of response tokens [start, stop)."""
+        return TokenScores(self.logprobs[start:stop],
+                           None if self.topk_ids is None else self.topk_ids[start:stop],
+                           None if self.topk_logprobs is None else self.topk_logprobs[start:stop])
+
+
 class TeacherBackend(Protocol):
     """Per-token log-probs of responses under a teacher model."""
 
-    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
-        """One tuple per request, one log-prob per response token."""
+    def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
+        """One TokenScores per request; with top_k > 0 also the teacher's top-k at each response position."""
         ...
 
 
@@ -35,7 +54,7 @@ class HFTeacherBackend:
         self.max_batch_tokens = max_batch_tokens
 
     @torch.no_grad()
-    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
+    def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
         def length(i: int) -> int:
             return len(requests[i].prompt_ids) + len(requests[i].response_ids)
 
@@ -46,12 +65,12 @@ class HFTeacherBackend:
                 batches[-1].append(i)
             else:
                 batches.append([i])
-        out: list[tuple[float, ...]] = [()] * len(requests)
+        out: list[TokenScores] = [TokenScores(())] * len(requests)
         for batch in batches:
-            self._score_batch([requests[j] for j in batch], batch, out)
+            self._score_batch([requests[j] for j in batch], batch, out, top_k)
         return out
 
-    def _score_batch(self, requests: list[ScoreRequest], indices: list[int], out: list) -> None:
+    def _score_batch(self, requests: list[ScoreRequest], indices: list[int], out: list, top_k: int) -> None:
         seqs = [list(r.prompt_ids) + list(r.response_ids) for r in requests]
         width = max(len(s) for s in seqs)
         device = next(self.model.parameters()).device
@@ -61,10 +80,16 @@ class HFTeacherBackend:
             ids[row, :len(s)] = torch.tensor(s)
             mask[row, :len(s)] = 1
         logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()
+        logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
+        logp = logp_all.gather(-1, ids[:, 1:, None].to(device)).squeeze(-1).cpu()
+        topk = logp_all.topk(top_k, dim=-1) if top_k else None
         for row, (r, i) in enumerate(zip(requests, indices)):
-            start = len(r.prompt_ids) - 1
-            out[i] = tuple(logp[row, start:start + len(r.response_ids)].tolist())
+            start, stop = len(r.prompt_ids) - 1, len(r.prompt_ids) - 1 + len(r.response_ids)
+            out[i] = TokenScores(tuple(logp[row, start:stop].tolist()))
+            if topk is not None:
+                out[i] = TokenScores(out[i].logprobs,
+                                     tuple(map(tuple, topk.indices[row, start:stop].cpu().tolist())),
+                                     tuple(map(tuple, topk.values[row, start:stop].cpu().tolist())))
 
 
 class VLLMTeacherBackend:
@@ -73,6 +98,6 @@ class VLLMTeacherBackend:
     def __init__(self, engine) -> None:
         self.engine = engine
 
-    def score(self, requests: list[ScoreRequest]) -> list[tuple[float, ...]]:
+    def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
         return self.engine.score([list(r.prompt_ids) + list(r.response_ids) for r in requests],
-                                 [len(r.response_ids) for r in requests])
+                                 [len(r.response_ids) for r in requests], top_k)

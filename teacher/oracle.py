@@ -34,6 +34,7 @@ from envs.babyai_text import BabyAIExpert, BabyAITextConfig, BabyAITextEnv
 from envs.babyai_text.env import ACTION_TOOLS
 from envs.parser import format_tool_call
 from envs.protocol import ToolCall
+from teacher.backends import TokenScores
 
 
 class OracleConfig(BaseModel):
@@ -91,15 +92,31 @@ class BabyAIOracleTeacher:
                        behaviour_logprobs: tuple[float, ...] | None = None) -> tuple[float, ...]:
         """log p_T of each response token given the bot's action (see the module docstring);
         `behaviour_logprobs` are needed with `after_divergence: no_opinion`."""
+        return self.token_scores(response_ids, bot_action, behaviour_logprobs).logprobs
+
+    def token_scores(self, response_ids: tuple[int, ...], bot_action: str | None,
+                     behaviour_logprobs: tuple[float, ...] | None = None, top_k: int = 0) -> TokenScores:
+        """`token_logprobs`, and with top_k > 0 the k most likely next tokens at each position: the
+        tokens the still-followed canonical responses continue with, by mass (-1 pads; a position
+        after the response left every valid call has no candidates)."""
         n = len(self.responses)
         delta = self.config.action_smoothing
         prior = {a: (1 - delta if a == bot_action else delta / (n - 1)) if bot_action else 1 / n
                  for a in self.responses}
         eps, uniform = self.config.token_smoothing, 1.0 / self.vocab_size
         alive = set(self.responses)
-        out = []
+        out, topk_ids, topk_lps = [], [], []
         for t, y in enumerate(response_ids):
             alive = {a for a in alive if len(self.responses[a]) > t}
+            if top_k:
+                total = sum(prior[a] for a in alive)
+                mass: dict[int, float] = {}
+                for a in alive:
+                    mass[self.responses[a][t]] = mass.get(self.responses[a][t], 0.0) + prior[a] / total
+                best = sorted(mass.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+                pad = top_k - len(best)
+                topk_ids.append(tuple(token for token, _ in best) + (-1,) * pad)
+                topk_lps.append(tuple(math.log((1 - eps) * m + eps * uniform) for _, m in best) + (0.0,) * pad)
             if not alive:
                 if self.config.after_divergence == "uniform":
                     out.append(math.log(uniform))
@@ -112,9 +129,11 @@ class BabyAIOracleTeacher:
             match = sum(prior[a] for a in alive if self.responses[a][t] == y)
             out.append(math.log((1 - eps) * match / total + eps * uniform))
             alive = {a for a in alive if self.responses[a][t] == y}
-        return tuple(out)
+        if not top_k:
+            return TokenScores(tuple(out))
+        return TokenScores(tuple(out), tuple(topk_ids), tuple(topk_lps))
 
-    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
-        """Teacher log-probs per turn of each trajectory."""
-        return [[self.token_logprobs(turn.response_ids, action, turn.behaviour_logprobs)
+    def score_trajectories(self, trajectories: list[Trajectory], top_k: int = 0) -> list[list[TokenScores]]:
+        """Teacher scores per turn of each trajectory."""
+        return [[self.token_scores(turn.response_ids, action, turn.behaviour_logprobs, top_k)
                  for turn, action in zip(t.turns, self.bot_actions(t))] for t in trajectories]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.contracts import Trajectory
 from learner.models import ModelConfig
-from teacher.backends import ScoreRequest, TeacherBackend
+from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
 from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
 
@@ -45,13 +45,17 @@ class TeacherConfig(BaseModel):
     """Close a batch once its oldest request waited this long."""
     max_batch_tokens: int = Field(default=32768, ge=1)
     """Token budget of one forward pass (hf backend)."""
+    top_k: int = Field(default=0, ge=0)
+    """Also return the teacher's top-k tokens at every response position (for `learner.algorithm.topk_kl_coef`);
+    0: only the sampled tokens' log-probs."""
     max_restarts: int = Field(default=3, ge=0)
     """Times Ray restarts a dead teacher service; its pending `score` calls are retried on the
     new incarnation (scoring is a pure function of the trajectories, so a retry duplicates nothing)."""
 
 
 class TrajectoryScorer(Protocol):
-    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
+    def score_trajectories(self, trajectories: list[Trajectory], top_k: int = 0) -> list[list[TokenScores]]:
+        """TokenScores per turn of each trajectory; with top_k > 0 also the teacher's top-k."""
         ...
 
 
@@ -67,7 +71,7 @@ class ModelTeacher:
         self.backend = backend
         self.prompts = prompts
 
-    def score_trajectories(self, trajectories: list[Trajectory]) -> list[list[tuple[float, ...]]]:
+    def score_trajectories(self, trajectories: list[Trajectory], top_k: int = 0) -> list[list[TokenScores]]:
         requests: list[ScoreRequest] = []
         # For each turn: (request index, offset of its response in that request's response).
         where: list[list[tuple[int, int]]] = []
@@ -86,8 +90,8 @@ class ModelTeacher:
                     spots.extend((len(requests) - 1, len(prompts[j]) - len(head)) for j in range(run_start, k))
                     run_start = k
             where.append(spots)
-        scores = self.backend.score(requests)
-        return [[scores[r][off:off + len(turn.response_ids)] for (r, off), turn in zip(spots, t.turns)]
+        scores = self.backend.score(requests, top_k)
+        return [[scores[r].slice(off, off + len(turn.response_ids)) for (r, off), turn in zip(spots, t.turns)]
                 for spots, t in zip(where, trajectories)]
 
 
@@ -108,8 +112,10 @@ def check_same_tokenizer(student, teacher) -> None:
                              f"{getattr(student, name)!r} vs {getattr(teacher, name)!r}")
 
 
-def with_teacher_logprobs(trajectory: Trajectory, scores: list[tuple[float, ...]]) -> Trajectory:
-    turns = tuple(dataclasses.replace(turn, teacher_logprobs=tuple(s)) for turn, s in zip(trajectory.turns, scores))
+def with_teacher_logprobs(trajectory: Trajectory, scores: list[TokenScores]) -> Trajectory:
+    turns = tuple(dataclasses.replace(turn, teacher_logprobs=s.logprobs, teacher_topk_ids=s.topk_ids,
+                                      teacher_topk_logprobs=s.topk_logprobs)
+                  for turn, s in zip(trajectory.turns, scores))
     return dataclasses.replace(trajectory, turns=turns)
 
 
@@ -199,7 +205,8 @@ class TeacherService:
                 turns += sum(t.num_turns for t in item[0])
             trajectories = [t for item in batch for t in item[0]]
             try:
-                scores = await loop.run_in_executor(None, self.scorer.score_trajectories, trajectories)
+                scores = await loop.run_in_executor(None, self.scorer.score_trajectories, trajectories,
+                                                    self.config.top_k)
             except Exception as exc:  # noqa: BLE001 - handed to every waiting caller, not swallowed
                 for _, future, _ in batch:
                     future.set_exception(exc)

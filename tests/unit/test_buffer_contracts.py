@@ -35,7 +35,12 @@ def turns(draw, index):
     response = draw(tokens)
     n = len(response)
     logps = st.lists(f32, min_size=n, max_size=n).map(tuple)
+    k = draw(st.integers(1, 3))
+    topk_ids = draw(st.none() | st.lists(st.tuples(*[st.integers(-1, 2**31 - 1)] * k), min_size=n, max_size=n))
+    topk_lps = None if topk_ids is None else draw(st.lists(st.tuples(*[f32] * k), min_size=n, max_size=n))
     return Turn(turn_index=index, prompt_ids=draw(tokens), response_ids=response,
+                teacher_topk_ids=None if topk_ids is None else tuple(topk_ids),
+                teacher_topk_logprobs=None if topk_lps is None else tuple(topk_lps),
                 behaviour_logprobs=draw(logps), policy_version=draw(st.integers(0, 10**6)),
                 teacher_logprobs=draw(st.none() | logps), trainable=draw(st.booleans()),
                 well_formed=draw(st.booleans()), turn_reward=draw(st.floats(-1, 1)),
@@ -85,6 +90,12 @@ def test_turn_checks_lengths():
         Turn(0, (1,), (2, 3), (-0.1,), 0)
     with pytest.raises(ValueError, match="teacher log-probs"):
         Turn(0, (1,), (2,), (-0.1,), 0, teacher_logprobs=(-1.0, -2.0))
+    with pytest.raises(ValueError, match="both be set"):
+        Turn(0, (1,), (2,), (-0.1,), 0, teacher_topk_ids=((2, 3),))
+    with pytest.raises(ValueError, match="top-k rows"):
+        Turn(0, (1,), (2, 3), (-0.1, -0.2), 0, teacher_topk_ids=((2, 3),), teacher_topk_logprobs=((-1.0, -2.0),))
+    with pytest.raises(ValueError, match="different widths"):
+        Turn(0, (1,), (2,), (-0.1,), 0, teacher_topk_ids=((2, 3),), teacher_topk_logprobs=((-1.0,),))
     with pytest.raises(ValueError, match="not a sample table"):
         table_to_samples(trajectories_to_table([]))
 
@@ -191,3 +202,23 @@ def test_ipc_encoding_round_trips_without_copies():
     assert decoded.equals(table)
     column = decoded.column("prompt_ids").chunk(0).values.buffers()[1]
     assert data.ctypes.data <= column.address < data.ctypes.data + data.nbytes  # a view into data
+
+
+def test_packing_places_each_turns_teacher_top_k_on_its_response_tokens(tiny):
+    tok, _ = tiny
+    traj = _expert_trajectory(tok, BabyAITextEnv(), seed=0, window="all")
+    traj = dataclasses.replace(traj, turns=tuple(
+        dataclasses.replace(turn, teacher_topk_ids=tuple((k, j) for j in range(len(turn.response_ids))),
+                            teacher_topk_logprobs=tuple((-1.0, -float(j)) for j in range(len(turn.response_ids))))
+        for k, turn in enumerate(traj.turns)))
+    packed = pack(expand(traj))
+    assert len(packed.teacher_topk_ids) == packed.num_tokens
+    for p, (ids, turn_index) in enumerate(zip(packed.teacher_topk_ids, packed.turn_index)):
+        if turn_index < 0:
+            assert ids == (-1, -1) and packed.teacher_topk_logprobs[p] == (0.0, 0.0)
+        else:
+            assert ids[0] == turn_index
+    # A turn without top-k: the sequence has none (the loss then refuses the batch, naming teacher.top_k).
+    partial = dataclasses.replace(traj, turns=(dataclasses.replace(traj.turns[0], teacher_topk_ids=None,
+                                                                   teacher_topk_logprobs=None),) + traj.turns[1:])
+    assert pack(expand(partial)).teacher_topk_ids is None

@@ -130,3 +130,25 @@ def test_select_turns_is_deterministic():
     a, b = select_turns(t, 4, seed=0), select_turns(t, 4, seed=0)
     assert a == b and sum(turn.trainable for turn in a.turns) == 4
     assert select_turns(traj("y", 1.0, n=3), 4, seed=0).turns == traj("y", 1.0, n=3).turns
+
+
+def test_forward_kl_topk_against_hand_computed_values():
+    from learner.algorithms import forward_kl_topk
+
+    b = batch([[0.0, 0.0, 0.0]], mask=[[False, True, True]])
+    # Position 1: two candidates with teacher probs 0.6 / 0.2 (renormalised 0.75 / 0.25); position 2:
+    # one candidate (q = 1) and a pad; position 0 is masked out.
+    b.teacher_topk_ids = torch.tensor([[[-1, -1], [4, 7], [5, -1]]])
+    b.teacher_topk_logprobs = torch.tensor([[[0.0, 0.0], [math.log(0.6), math.log(0.2)], [math.log(0.9), 0.0]]])
+    student = torch.tensor([[[9.0, 9.0], [math.log(0.5), math.log(0.1)], [math.log(0.4), 9.0]]], requires_grad=True)
+    out = forward_kl_topk(student, b, AlgorithmConfig(topk_kl_coef=1.0))
+    kl1 = 0.75 * (math.log(0.75) - math.log(0.5)) + 0.25 * (math.log(0.25) - math.log(0.1))
+    kl2 = 1.0 * (0.0 - math.log(0.4))
+    assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(kl1 + kl2, abs=1e-5)
+    out.loss_sum.backward()
+    # d/d log π(v) = -q(v): the teacher's preferred tokens are raised in proportion to q; pads and
+    # masked positions get nothing.
+    expected = torch.tensor([[[0.0, 0.0], [-0.75, -0.25], [-1.0, 0.0]]])
+    assert torch.allclose(student.grad, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="teacher.top_k"):
+        forward_kl_topk(student, batch([[0.0]]), AlgorithmConfig())

@@ -18,7 +18,7 @@ from envs.parser import format_tool_call
 from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_model, load_tokenizer
-from teacher.backends import HFTeacherBackend, ScoreRequest
+from teacher.backends import HFTeacherBackend, ScoreRequest, TokenScores
 from teacher.oracle import BabyAIOracleTeacher, OracleConfig
 from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
 from teacher.service import ModelTeacher, TeacherConfig, TeacherService, build_scorer, check_same_tokenizer
@@ -87,6 +87,27 @@ def test_oracle_rewards_the_bots_action_and_valid_format(tok):
     # The sequence-level probability of the bot's call is 1 - δ (up to ε).
     assert sum(oracle.token_logprobs(oracle.responses["toggle"], "toggle")) == pytest.approx(math.log(0.98), abs=0.02)
 
+
+
+def test_oracle_top_k_names_the_bots_token_where_the_student_chose_another(tok):
+    oracle = BabyAIOracleTeacher(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
+    right, left = oracle.responses["turn_right"], oracle.responses["turn_left"]
+    decision = next(t for t, (a, b) in enumerate(zip(right, left)) if a != b)
+    scores = oracle.token_scores(right, "turn_left", top_k=2)
+    assert scores.logprobs == oracle.token_logprobs(right, "turn_left")
+    assert len(scores.topk_ids) == len(right) and {len(row) for row in scores.topk_ids} == {2}
+    # Before the decision every valid call agrees: one candidate, the format token, padded with -1.
+    assert all(scores.topk_ids[t] == (right[t], -1) for t in range(decision))
+    # At the decision the bot's token leads with 1 - δ of the mass; another action's token follows.
+    assert scores.topk_ids[decision][0] == left[decision]
+    assert scores.topk_logprobs[decision][0] == pytest.approx(math.log(0.98 * (1 - 1e-3) + 1e-3 / len(tok)))
+    assert scores.topk_ids[decision][1] not in (left[decision], -1)
+    # After the student's choice only its own call is followed.
+    assert all(scores.topk_ids[t] == (right[t], -1) for t in range(decision + 1, len(right)))
+    # Free text: no candidates once the response left every valid call.
+    junk = tuple(tok.encode("I am thinking about it", add_special_tokens=False))
+    junk_scores = oracle.token_scores(junk, "turn_left", tuple(-1.0 for _ in junk), top_k=2)
+    assert all(row == (-1, -1) for row in junk_scores.topk_ids[1:])
 
 def test_oracle_replays_executed_calls_and_advises_after_a_deviation(tok):
     oracle = BabyAIOracleTeacher(tok, OracleConfig())
@@ -171,13 +192,18 @@ def test_hf_backend_matches_a_forward_pass(tok, model):
                          tuple(tok.encode(" 2 steps forward", add_special_tokens=False))),
             ScoreRequest((5, 6, 7, 8, 9, 10, 11, 12), (13, 14)),
             ScoreRequest((3,), (4, 5, 6))]
-    scores = backend.score(reqs)
+    scores = backend.score(reqs, top_k=3)
     for r, s in zip(reqs, scores):
         ids = torch.tensor([list(r.prompt_ids) + list(r.response_ids)])
         with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        ref = logp[len(r.prompt_ids) - 1:]
-        assert len(s) == len(r.response_ids) and torch.allclose(torch.tensor(s), ref, atol=1e-5)
+            logp_all = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        start = len(r.prompt_ids) - 1
+        ref = logp_all.gather(-1, ids[0, 1:, None]).squeeze(-1)[start:]
+        assert len(s.logprobs) == len(r.response_ids) and torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-5)
+        top = logp_all[start:].topk(3, dim=-1)
+        assert s.topk_ids == tuple(map(tuple, top.indices.tolist()))
+        assert torch.allclose(torch.tensor(s.topk_logprobs), top.values, atol=1e-5)
+    assert all(s.topk_ids is None for s in backend.score(reqs))
 
 
 def test_privileged_context_changes_only_the_system_turn(tok, model):
@@ -201,7 +227,7 @@ def test_privileged_context_changes_only_the_system_turn(tok, model):
         builder.teacher_prompt((1, 2, 3) + student, traj.task)
     scorer = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id), builder)
     scores = scorer.score_trajectories([traj])[0]
-    assert [len(s) for s in scores] == [len(t.response_ids) for t in traj.turns]
+    assert [len(s.logprobs) for s in scores] == [len(t.response_ids) for t in traj.turns]
     plain = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id)).score_trajectories([traj])[0]
     assert scores != plain  # the context changed the teacher's view
 
@@ -218,9 +244,9 @@ class CountingScorer:
     def __init__(self):
         self.calls = []
 
-    def score_trajectories(self, trajectories):
+    def score_trajectories(self, trajectories, top_k=0):
         self.calls.append(len(trajectories))
-        return [[tuple(-0.5 for _ in turn.response_ids) for turn in t.turns] for t in trajectories]
+        return [[TokenScores(tuple(-0.5 for _ in turn.response_ids)) for turn in t.turns] for t in trajectories]
 
 
 def test_service_micro_batches_concurrent_requests(tok):
@@ -245,7 +271,7 @@ def test_service_respects_the_batch_size_and_reports_errors(tok):
     traj = expert_trajectory(tok, seed=1, num_turns=2)
 
     class Failing:
-        def score_trajectories(self, trajectories):
+        def score_trajectories(self, trajectories, top_k=0):
             raise RuntimeError("teacher out of memory")
 
     async def main():
@@ -268,23 +294,24 @@ def test_nesting_turns_are_scored_in_one_pass_with_the_same_logprobs(tok, model)
                                                 loop)]
 
     class Recording(HFTeacherBackend):
-        def score(self, requests):
+        def score(self, requests, top_k=0):
             self.seen = list(requests)
-            return super().score(requests)
+            return super().score(requests, top_k)
 
     backend = Recording(model, tok.pad_token_id)
-    packed = ModelTeacher(backend).score_trajectories(trajs)
+    packed = ModelTeacher(backend).score_trajectories(trajs, top_k=2)
     assert len(backend.seen) == 2  # one request per episode
     separate = HFTeacherBackend(model, tok.pad_token_id).score(
-        [ScoreRequest(turn.prompt_ids, turn.response_ids) for t in trajs for turn in t.turns])
+        [ScoreRequest(turn.prompt_ids, turn.response_ids) for t in trajs for turn in t.turns], top_k=2)
     flat = [s for per_traj in packed for s in per_traj]
     assert len(flat) == len(separate)
     for a, b in zip(flat, separate):
-        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+        assert len(a.logprobs) == len(b.logprobs) and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        assert a.topk_ids == b.topk_ids
     # A windowed episode does not nest: its turns are scored one by one, with the same result.
     windowed = dataclasses.replace(trajs[0], turns=tuple(
         dataclasses.replace(turn, prompt_ids=turn.prompt_ids[:3] + turn.prompt_ids[4:]) if k == 2 else turn
         for k, turn in enumerate(trajs[0].turns)))
     scores = ModelTeacher(backend).score_trajectories([windowed])[0]
     assert len(backend.seen) == 3  # turns 0-1 packed; turn 2 and turn 3 on their own
-    assert [len(s) for s in scores] == [len(t.response_ids) for t in windowed.turns]
+    assert [len(s.logprobs) for s in scores] == [len(t.response_ids) for t in windowed.turns]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import shutil
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from envs.prompt import PromptConfig
 from learner.algorithms import AlgorithmConfig
 from learner.group import free_port, shard_by_episode
 from learner.models import ModelConfig, load_model, load_tokenizer
-from learner.trainer import LearnerConfig, Trainer, lr_factor, micro_batches
+from learner.trainer import LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches, token_logprobs
 
 NANO = ModelConfig(path="tiny:nano")
 
@@ -156,3 +157,56 @@ def test_a_step_may_override_the_loss_and_the_rate(trajectories):
     assert sft["lr"] == 0.02 and sft["reverse_kl"] == 0.0  # SFT, although the learner's loss is OPD
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the schedule resumes (step 2 of 2)
     assert trainer.train_step(sequences(trajectories))["lr"] == pytest.approx(1e-3)
+
+
+def test_an_incomplete_checkpoint_is_refused_naming_what_is_missing(trajectories, tmp_path):
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd")), NANO)
+    trainer.train_step(sequences(trajectories))
+    good = trainer.save_checkpoint(tmp_path / "good")
+    assert check_checkpoint(good)["version"] == 1
+
+    def broken(name, damage):
+        path = tmp_path / name
+        shutil.copytree(good, path)
+        damage(path)
+        return path
+
+    shard = next((good / "dcp").glob("*.distcp")).name
+    cases = {
+        "missing": (lambda p: shutil.rmtree(p), "does not exist"),
+        "no_state": (lambda p: (p / "trainer_state.json").unlink(), "trainer_state.json"),
+        "bad_state": (lambda p: (p / "trainer_state.json").write_text("{"), "trainer_state.json"),
+        "no_metadata": (lambda p: (p / "dcp" / ".metadata").unlink(), "metadata"),
+        "bad_metadata": (lambda p: (p / "dcp" / ".metadata").write_bytes(b"garbage"), "metadata"),
+        "no_shard": (lambda p: (p / "dcp" / shard).unlink(), f"dcp/{shard}"),
+        "empty_shard": (lambda p: (p / "dcp" / shard).write_bytes(b""), f"dcp/{shard}"),
+        "no_rng": (lambda p: (p / "rng_rank0.pt").unlink(), "rng_rank0.pt"),
+    }
+    for name, (damage, expected) in cases.items():
+        with pytest.raises(ValueError, match=expected.replace(".", r"\.")):
+            check_checkpoint(broken(name, damage))
+    with pytest.raises(ValueError, match="metadata"):
+        trainer.load_checkpoint(tmp_path / "no_metadata")
+
+
+def test_the_top_k_term_raises_the_teachers_preferred_tokens(trajectories):
+    target = 7  # the teacher prefers this token (then a second one) at every response position
+    trajs = [dataclasses.replace(t, turns=tuple(
+        dataclasses.replace(turn, teacher_topk_ids=((target, 8),) * len(turn.response_ids),
+                            teacher_topk_logprobs=((-0.1, -2.4),) * len(turn.response_ids))
+        for turn in t.turns)) for t in trajectories]
+    seqs = sequences(trajs)
+
+    def target_logprob(trainer):
+        batch = collate(seqs, trainer.version, trainer.pad_token_id)
+        _, _, topk = token_logprobs(trainer.model, batch, with_topk=True)
+        return topk[..., 0][batch.loss_mask].mean().item()
+
+    cfg = AlgorithmConfig(name="opd", topk_kl_coef=1.0)
+    trainer = Trainer(LearnerConfig(algorithm=cfg, lr=3e-3), NANO)
+    before = target_logprob(trainer)
+    steps = [trainer.train_step(seqs) for _ in range(4)]
+    assert target_logprob(trainer) > before + 0.5
+    assert steps[-1]["topk_kl"] < steps[0]["topk_kl"]
+    with pytest.raises(ValueError, match="teacher.top_k"):
+        trainer.train_step(sequences(trajectories))

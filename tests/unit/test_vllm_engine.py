@@ -66,11 +66,13 @@ def test_prompt_logprob_scoring_matches_hf(engine, tok):
                          tuple(tok.encode('<tool_call>\n{"name": "turn_left", "arguments": {}}\n</tool_call>',
                                           add_special_tokens=False))),
             ScoreRequest((5, 6, 7), (8, 9))]
-    v = VLLMTeacherBackend(engine).score(reqs)
-    h = HFTeacherBackend(model, tok.pad_token_id).score(reqs)
+    v = VLLMTeacherBackend(engine).score(reqs, top_k=3)
+    h = HFTeacherBackend(model, tok.pad_token_id).score(reqs, top_k=3)
     for a, b, r in zip(v, h, reqs):
-        assert len(a) == len(b) == len(r.response_ids)
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+        assert len(a.logprobs) == len(b.logprobs) == len(r.response_ids)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        assert a.topk_ids == b.topk_ids
+        assert max(abs(x - y) for ra, rb in zip(a.topk_logprobs, b.topk_logprobs) for x, y in zip(ra, rb)) < 1e-4
 
 
 def test_published_numpy_weights_load_into_vllm(engine, tok):

@@ -1,0 +1,111 @@
+"""Fault drills on real `python -m jobs.train` runs (the embedded default with the nano model,
+a few short steps): SIGKILL of actors the job started, found among the job process's
+descendants by their Ray process titles (`ray::<Class>`)."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from test_train_job import ROOT, SHORT, free_port, job_env
+
+pytestmark = pytest.mark.slow
+
+
+class Job:
+    """A jobs.train subprocess whose output lines are collected as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT, env=job_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    def wait_for(self, text: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"no {text!r} in:\n{self.output}"
+            time.sleep(0.1)
+
+    def kill_actor(self, title: str) -> int:
+        """SIGKILL the (first) process of the job whose title starts with `ray::<title>`."""
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                name = child.cmdline()[0] if child.cmdline() else ""
+            except psutil.NoSuchProcess:
+                continue
+            if name.startswith(f"ray::{title}"):
+                child.send_signal(signal.SIGKILL)
+                return child.pid
+        raise AssertionError(f"no ray::{title} process under the job")
+
+    def finish(self, timeout_s: float = 300) -> int:
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def short_run(run_dir, steps: int) -> list[str]:
+    return [*SHORT, f"run.dir={run_dir}", f"run.steps={steps}", f"run.metrics_port={free_port()}",
+            "run.eval_every=0", "run.checkpoint_every=2"]
+
+
+def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
+    job = Job(*short_run(tmp_path / "run", steps=8))
+    job.wait_for("step    2 ")
+    job.kill_actor("RolloutWorker")
+    job.wait_for("step    4 ")
+    job.kill_actor("_ServiceActor")
+    assert job.finish() == 0, job.output
+    rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in rows] == list(range(1, 9))
+    last = rows[-1]
+    assert last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1, job.output
+    assert last["duplicate_groups"] == 0
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"])
+    # Episode counters never go back although the killed worker's restart at zero.
+    assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
+
+
+@pytest.mark.parametrize("title,expected", [("ReplayBuffer", "the replay buffer actor died"),
+                                            ("LearnerRank", "learner rank 0 died")])
+def test_a_dead_buffer_or_learner_stops_the_run_and_resume_continues(tmp_path, title, expected):
+    run_dir = tmp_path / "run"
+    job = Job(*short_run(run_dir, steps=20))
+    job.wait_for("step    3 ")
+    job.kill_actor(title)
+    assert job.finish() == 1, job.output
+    assert f"run stopped: {expected}" in job.output and f"--resume {run_dir}" in job.output
+    version = int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
+    # The buffer's death leaves the learner alive: it checkpoints the version it reached.
+    assert version >= (3 if title == "ReplayBuffer" else 2)
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir),
+                              f"run.steps={version + 1}", f"run.metrics_port={free_port()}"],
+                             cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"at version {version}" in resumed.stdout and f"step {version + 1:4d} " in resumed.stdout
+    assert f"step {version:4d} " not in resumed.stdout
+
+
+def test_resume_refuses_an_incomplete_checkpoint_before_any_actor(tmp_path):
+    run_dir = tmp_path / "run"
+    job = Job(*short_run(run_dir, steps=2))
+    assert job.finish() == 0, job.output
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text()
+    (latest / "trainer_state.json").unlink()
+    start = time.monotonic()
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir)], cwd=ROOT,
+                             env=job_env(), capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 2 and "trainer_state.json is missing or corrupt" in resumed.stderr
+    assert "Traceback" not in resumed.stderr and time.monotonic() - start < 60
