@@ -8,15 +8,25 @@ from actors.engine import Generation, SamplingConfig
 
 
 class HFEngine:
-    """Generates with a `transformers` causal LM; all prompts of a call share one batch."""
+    """Generates with a `transformers` causal LM; all prompts of a call share one batch.
 
-    def __init__(self, model, pad_token_id: int, stop_token_ids: list[int], version: int = 0) -> None:
+    Seeded sampling draws from the engine's own random stream, seeded once from
+    (`SamplingConfig.seed`, `seed_offset`) at the first seeded call and continued by every later
+    one: two rounds differ, two engines built alike give the same rounds, and the process's global
+    RNG is left as it was. (Re-seeding the global RNG on every call would reuse the same noise.)
+    """
+
+    def __init__(self, model, pad_token_id: int, stop_token_ids: list[int], version: int = 0,
+                 seed_offset: int = 0) -> None:
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
         self.model = model
         self.pad_token_id = pad_token_id
         self.stop_token_ids = list(stop_token_ids)
         self._version = version
+        self.seed_offset = seed_offset
+        self._rng_state: torch.Tensor | None = None
+        """State of the engine's random stream (the device's generator), None before the first seeded call."""
 
     @property
     def version(self) -> int:
@@ -35,22 +45,9 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        if not prompts:
-            return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig):
         greedy = sampling.temperature == 0.0
-        out = self.model.generate(
+        return self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             do_sample=not greedy,
@@ -63,6 +60,30 @@ class HFEngine:
             output_scores=True,
             return_dict_in_generate=True,
         )
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt):] = 1
+        if sampling.seed is None:
+            out = self._generate(input_ids, attention_mask, sampling)
+        else:
+            cuda = self.device.type == "cuda"
+            with torch.random.fork_rng(devices=[self.device] if cuda else []):
+                if self._rng_state is None:
+                    torch.manual_seed(sampling.seed * 1_000_003 + self.seed_offset)
+                else:
+                    (torch.cuda.set_rng_state if cuda else torch.set_rng_state)(self._rng_state)
+                out = self._generate(input_ids, attention_mask, sampling)
+                self._rng_state = torch.cuda.get_rng_state(self.device) if cuda else torch.get_rng_state()
         new_tokens = out.sequences[:, width:].cpu()
         # Scores are the logits after temperature/top-p: their log-softmax is the sampling distribution.
         logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1).cpu()

@@ -61,14 +61,15 @@ class RolloutConfig(BaseModel):
     """Group-end hook: GRPO advantages (and turn selection for turn_level) before the buffer."""
 
 
-def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer):
+def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
+    """The configured engine; `seed_offset` (the worker index) separates the workers' sampling noise."""
     from learner.models import load_model, resolve_model_dir
 
     stops = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     if config.engine == "vllm":
         from actors.vllm_engine import VLLMEngine
 
-        return VLLMEngine(resolve_model_dir(model), config.vllm, stops)
+        return VLLMEngine(resolve_model_dir(model), config.vllm, stops, seed_offset=seed_offset)
     import torch
 
     from actors.hf_engine import HFEngine
@@ -76,7 +77,7 @@ def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if config.num_threads is not None and device == "cpu":
         torch.set_num_threads(config.num_threads)
-    return HFEngine(load_model(model, device=device), tokenizer.pad_token_id, stops)
+    return HFEngine(load_model(model, device=device), tokenizer.pad_token_id, stops, seed_offset=seed_offset)
 
 
 class RolloutWorker:
@@ -94,7 +95,7 @@ class RolloutWorker:
         self.config = config
         self.buffer, self.teacher = buffer, teacher
         self.tokenizer = load_tokenizer(model)
-        self.engine = build_engine(config, model, self.tokenizer)
+        self.engine = build_engine(config, model, self.tokenizer, seed_offset=worker_index)
         self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
         self._engine_lock = asyncio.Lock()
         self._pending_weights: tuple[Any, int] | None = None

@@ -65,9 +65,12 @@ def untied(state_dict: dict) -> dict:
 class VLLMEngine:
     """One `vllm.LLM` in this process."""
 
-    def __init__(self, model_dir: str | Path, config: VLLMConfig, stop_token_ids: list[int], version: int = 0) -> None:
+    def __init__(self, model_dir: str | Path, config: VLLMConfig, stop_token_ids: list[int], version: int = 0,
+                 seed_offset: int = 0) -> None:
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
+        self.seed_offset = seed_offset
+        """Mixed into every request seed, so engines of different workers draw different noise."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
         # vLLM logs several INFO lines per weight reload; a run reloads every step.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -113,8 +116,9 @@ class VLLMEngine:
         greedy = sampling.temperature == 0.0
         params = []
         for i in range(len(prompts)):
-            # Distinct seeds per prompt: a GRPO group repeats one prompt G times.
-            seed = None if sampling.seed is None else sampling.seed * 1_000_003 + self._calls * 10_007 + i
+            # Distinct seeds per prompt (a GRPO group repeats one prompt G times), per call and per engine.
+            seed = None if sampling.seed is None else \
+                (sampling.seed * 1_000_003 + self.seed_offset) * 1_000_033 + self._calls * 10_007 + i
             params.append(SamplingParams(temperature=0.0 if greedy else sampling.temperature,
                                          top_p=1.0 if greedy else sampling.top_p,
                                          max_tokens=sampling.max_new_tokens, logprobs=0,

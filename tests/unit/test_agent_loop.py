@@ -229,3 +229,23 @@ def test_hf_engine_on_cuda_matches_cpu(engine_and_tokenizer):
     on_gpu, on_cpu = cuda.generate(prompts, greedy)[0], engine.generate(prompts, greedy)[0]
     assert on_gpu.token_ids == on_cpu.token_ids
     assert max(abs(a - b) for a, b in zip(on_gpu.logprobs, on_cpu.logprobs)) < 1e-3
+
+
+def test_hf_engine_owns_its_seeded_random_stream(engine_and_tokenizer):
+    _, tok = engine_and_tokenizer
+    stops = [tok.convert_tokens_to_ids("<|im_end|>")]
+    prompts = [tok.encode("You see a wall", add_special_tokens=False)] * 4
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12, seed=7)
+
+    def rounds(engine, n=2):
+        return [[g.token_ids for g in engine.generate(prompts, sampling)] for _ in range(n)]
+
+    model = load_model(ModelConfig(path="tiny:nano"))
+    torch.manual_seed(123)
+    outside = torch.rand(3)
+    torch.manual_seed(123)
+    first = rounds(HFEngine(model, tok.pad_token_id, stops))
+    assert torch.equal(torch.rand(3), outside)  # the global RNG is untouched
+    assert first[0] != first[1]  # the second round continues the stream: new noise
+    assert rounds(HFEngine(model, tok.pad_token_id, stops)) == first  # same seed, same rounds
+    assert rounds(HFEngine(model, tok.pad_token_id, stops, seed_offset=1), 1)[0] != first[0]  # another worker
