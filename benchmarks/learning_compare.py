@@ -5,6 +5,7 @@
 2. Three `jobs.train` runs of `--budget-s` seconds each (`run.max_wall_s`), warm start off:
    - sft: more SFT on fresh bot demonstrations (the seeds' "SFT on teacher successes");
    - opd: on-policy distillation from the oracle teacher (the config as it is);
+   - opd_sampled: the same with only the sampled-token reverse-KL term (no top-k term);
    - grpo: GRPO on outcome + format rewards, no teacher.
 3. `jobs.evaluate` of each final policy (greedy, the same eval tasks).
 Curves (eval success at the runs' eval steps) go to `<out>/curves.parquet`. The seeds expect
@@ -52,8 +53,11 @@ def main() -> None:
         "sft": ["warm_start.first_seed=600000000", "warm_start.num_episodes=4000", "warm_start.epochs=1",
                 "run.steps=1"],
         "opd": ["warm_start.num_episodes=0", "run.steps=100000"],
+        # OPD with the sampled-token reverse-KL term only (no forward KL to the teacher's top-k).
+        "opd_sampled": ["warm_start.num_episodes=0", "run.steps=100000", "teacher.top_k=0",
+                        "learner.algorithm.topk_kl_coef=0"],
         "grpo": ["warm_start.num_episodes=0", "run.steps=100000", "teacher=null", "learner.algorithm.name=grpo",
-                 "rollout.group_size=8"],
+                 "learner.algorithm.topk_kl_coef=0", "rollout.group_size=8"],
     }
     results, curves = {}, []
     for arm, overrides in arms.items():

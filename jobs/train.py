@@ -108,6 +108,31 @@ class JobConfig(BaseModel):
         return self
 
 
+def preflight(config: JobConfig) -> None:
+    """Checks that need the machine rather than the config alone, before any actor starts:
+    the models and their tokenizers load (path, chat template), the eval split exists, and the
+    metrics port is free. ValueError names the problem."""
+    import socket
+
+    from envs.babyai_text.tasks import check_split
+    from learner.models import load_tokenizer
+
+    load_tokenizer(config.model)
+    if config.teacher is not None and config.teacher.backend != "oracle":
+        load_tokenizer(config.teacher.model)
+    try:
+        check_split(config.run.eval_split)
+    except ValueError as exc:
+        raise ValueError(f"run.eval_split: {exc}") from exc
+    if config.run.metrics_port is not None:
+        with socket.socket() as probe:
+            try:
+                probe.bind((config.run.metrics_host, config.run.metrics_port))
+            except OSError as exc:
+                raise ValueError(f"run.metrics_port {config.run.metrics_port} on {config.run.metrics_host} is not "
+                                 f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
+
+
 def connect(config: ClusterConfig):
     from cluster.local import configure_loopback
 
@@ -146,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from jobs.training import TrainingRun, latest_checkpoint
 
-    if args.resume:
-        try:  # before any actor starts
+    try:  # before any actor starts
+        preflight(config)
+        if args.resume:
             latest_checkpoint(Path(args.resume))
-        except ValueError as exc:
-            print(exc, file=sys.stderr)
-            return 2
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     connect(config.cluster)
     run = TrainingRun(config, resume=bool(args.resume))
     stop = {"requested": False}

@@ -109,3 +109,16 @@ def test_resume_refuses_an_incomplete_checkpoint_before_any_actor(tmp_path):
                              env=job_env(), capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 2 and "trainer_state.json is missing or corrupt" in resumed.stderr
     assert "Traceback" not in resumed.stderr and time.monotonic() - start < 60
+
+
+def test_sigterm_checkpoints_and_exits_without_waiting_for_the_batch_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    job = Job(*short_run(run_dir, steps=1000), "run.batch_timeout_s=900")
+    job.wait_for("step    2 ")
+    start = time.monotonic()
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.finish() == 0, job.output
+    assert time.monotonic() - start < 120  # a stop is seen within a second of waiting, not after 900 s
+    final = int(job.output.split('"final_version": ')[1].split("}")[0])
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
+    assert (run_dir / "hf" / "config.json").is_file()

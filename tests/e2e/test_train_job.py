@@ -93,6 +93,18 @@ def test_bad_job_config_fails_before_any_actor(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jobs.train", "rollout.num_env=3"], cwd=ROOT, env=job_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown key 'rollout.num_env'" in proc.stderr
+    # Checks that need the machine: still one line each, before Ray or any actor starts.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for override, message in [(f"model.path={tmp_path / 'no_model'}", "is not a local model directory"),
+                                  ("run.eval_split=nope", "run.eval_split: unknown split 'nope'"),
+                                  (f"run.metrics_port={port}", f"run.metrics_port {port} on 127.0.0.1 is not free")]:
+            proc = subprocess.run([sys.executable, "-m", "jobs.train", override, f"run.dir={tmp_path}"], cwd=ROOT,
+                                  env=job_env(), capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 2 and message in proc.stderr, (override, proc.stderr)
+            assert "Traceback" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
 
 
 def test_gpu8_config_passes_dry_run():
