@@ -102,6 +102,13 @@ def template_tools(config: PromptConfig, tools: list[dict[str, Any]]) -> list[di
     return tools if config.tools == "schema" else None
 
 
+def system_content(config: PromptConfig, system_prompt: str, tools: list[dict[str, Any]] | None) -> str:
+    """The system message's text: the prompt, followed by the compact tool list when tools are compact."""
+    if config.tools == "compact" and tools:
+        return f"{system_prompt}\n\n{compact_tools(tools)}"
+    return system_prompt
+
+
 def render_messages(config: PromptConfig, system_prompt: str, task: str, first_observation: str,
                     history: list[HistoryTurn], working_memory: str | None = None,
                     tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -118,9 +125,7 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if working_memory is not None:
         user += f"Your notes so far:\n{working_memory}\n"
     user += f"\nWhat you see:\n{start_observation}"
-    if config.tools == "compact" and tools:
-        system_prompt = f"{system_prompt}\n\n{compact_tools(tools)}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_content(config, system_prompt, tools)},
                                       {"role": "user", "content": user}]
     for turn in history[hidden:]:
         messages.append(_assistant_message(turn))

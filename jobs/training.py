@@ -53,7 +53,7 @@ class TrainingRun:
         if config.teacher is not None:
             env = BabyAITextEnv(config.rollout.env)
             self.teachers = [create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools, index=j,
-                                                    env_config=config.rollout.env,
+                                                    env_config=config.rollout.env, prompt=config.rollout.loop.prompt,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                                                     scheduling_strategy=strategies["teacher"][j])
                              for j in range(plan.teacher.count)]

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from envs.prompt import PromptConfig, system_content, template_tools
+
 
 class Skill(BaseModel):
     """One skill: shown to the teacher when any keyword occurs in the task."""
@@ -36,18 +38,25 @@ class SkillBank:
 
 
 class TeacherPromptBuilder:
-    """Builds teacher prompt ids from student prompt ids by swapping the system turn."""
+    """Builds teacher prompt ids from student prompt ids by swapping the system turn.
 
-    def __init__(self, tokenizer, system_prompt: str, tools: list[dict[str, Any]], bank: SkillBank) -> None:
+    The system turn is rendered as the student's prompter renders it (`prompt.tools`: schemas
+    through the chat template, or the compact list in the system text); the skills follow it.
+    """
+
+    def __init__(self, tokenizer, system_prompt: str, tools: list[dict[str, Any]], bank: SkillBank,
+                 prompt: PromptConfig = PromptConfig()) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.tools = tools
         self.bank = bank
-        self._student_system = self._system_ids(system_prompt)
+        self.prompt = prompt
+        self._student_system = self._system_ids("")
 
-    def _system_ids(self, system: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template([{"role": "system", "content": system}], tools=self.tools,
-                                                  tokenize=False)
+    def _system_ids(self, extra: str) -> list[int]:
+        content = system_content(self.prompt, self.system_prompt, self.tools) + extra
+        text = self.tokenizer.apply_chat_template([{"role": "system", "content": content}],
+                                                  tools=template_tools(self.prompt, self.tools), tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def teacher_prompt(self, student_prompt_ids: tuple[int, ...], task: str) -> tuple[int, ...]:
@@ -58,6 +67,5 @@ class TeacherPromptBuilder:
         if tuple(student_prompt_ids[:n]) != tuple(self._student_system):
             raise ValueError("the student prompt does not start with the expected system turn; privileged context "
                              "needs the same system prompt and tools as the rollout")
-        system = self.system_prompt + "\n\nSkills that help with this task:\n" + \
-            "\n".join(f"- {s.text}" for s in skills)
-        return tuple(self._system_ids(system)) + tuple(student_prompt_ids[n:])
+        skills_text = "\n\nSkills that help with this task:\n" + "\n".join(f"- {s.text}" for s in skills)
+        return tuple(self._system_ids(skills_text)) + tuple(student_prompt_ids[n:])

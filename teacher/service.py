@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.contracts import Trajectory
+from envs.prompt import PromptConfig
 from learner.models import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
@@ -120,11 +121,13 @@ def with_teacher_logprobs(trajectory: Trajectory, scores: list[TokenScores]) -> 
 
 
 def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_prompt: str, env_tools,
-                 env_config=None) -> TrajectoryScorer:
+                 env_config=None, prompt: PromptConfig = PromptConfig()) -> TrajectoryScorer:
     """The scorer a TeacherService runs; checks the tokenizers before anything is scored.
 
     `env_config` is the rollout's environment config: the oracle replays each task in the
     same level the student played (room size, distractors, task types and sampling).
+    `prompt` is the rollout's prompt config: privileged context rewrites the system turn the
+    way the student's prompts render it.
     """
     from learner.models import load_model, load_tokenizer, resolve_model_dir
 
@@ -138,7 +141,7 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_p
     prompts = None
     if config.skills:
         prompts = TeacherPromptBuilder(teacher_tok, env_system_prompt, env_tools,
-                                       SkillBank(list(config.skills), config.max_skills))
+                                       SkillBank(list(config.skills), config.max_skills), prompt)
     if config.backend == "hf":
         from teacher.backends import HFTeacherBackend
 
@@ -243,16 +246,17 @@ class _ServiceActor(TeacherService):
     """Builds its own scorer inside the actor (models load where they run)."""
 
     def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                 name: str, env_config=None) -> None:
-        super().__init__(config, build_scorer(config, student_model, system_prompt, tools, env_config), name)
+                 name: str, env_config=None, prompt: PromptConfig = PromptConfig()) -> None:
+        super().__init__(config, build_scorer(config, student_model, system_prompt, tools, env_config, prompt), name)
 
 
 def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                           index: int = 0, env_config=None, **options):
-    """Start the TeacherService actor `teacher-<index>`; `env_config`: the rollout's environment."""
+                           index: int = 0, env_config=None, prompt: PromptConfig = PromptConfig(), **options):
+    """Start the TeacherService actor `teacher-<index>`; `env_config` and `prompt`: the rollout's
+    environment and prompt configs."""
     import ray
 
     options.setdefault("num_cpus", 1)
     options.update(max_restarts=config.max_restarts, max_task_retries=-1)
     return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools,
-                                                               f"teacher-{index}", env_config)
+                                                               f"teacher-{index}", env_config, prompt)

@@ -206,12 +206,14 @@ def test_hf_backend_matches_a_forward_pass(tok, model):
     assert all(s.topk_ids is None for s in backend.score(reqs))
 
 
-def test_privileged_context_changes_only_the_system_turn(tok, model):
+@pytest.mark.parametrize("tools", ["schema", "compact"])
+def test_privileged_context_changes_only_the_system_turn(tok, model, tools):
     env = BabyAITextEnv()
     bank = SkillBank([Skill(keywords=("door",), text="A locked door opens with the key of its colour."),
                       Skill(keywords=("ball",), text="Balls can be picked up.")])
-    builder = TeacherPromptBuilder(tok, env.system_prompt, env.tools, bank)
-    loop = LoopConfig(max_turns=2)
+    prompt = PromptConfig(tools=tools)
+    builder = TeacherPromptBuilder(tok, env.system_prompt, env.tools, bank, prompt)
+    loop = LoopConfig(max_turns=2, prompt=prompt)
     policy = ModelPolicy(HFEngine(model, tok.pad_token_id, [tok.convert_tokens_to_ids("<|im_end|>")]), tok,
                          SamplingConfig(max_new_tokens=8, seed=0), loop)
     traj = run_episodes(BabyAITextEnv, [EpisodeTask("train", 0)], policy, loop)[0].trajectory
