@@ -58,11 +58,11 @@ class RolloutPool:
         """Workers restarting after a counted failure -> (a `pid` probe, the pid of the incarnation
         that failed if it was still alive): a probe answered by a new pid ends the restart."""
         self.retired: dict[int, str] = {}
+        """Workers that left the pool: index -> the error that ended them."""
         self._last_stats: dict[int, dict[str, float]] = {}
         """Each worker's latest `stats` answer (see `stats`)."""
         self._carried: dict[int, dict[str, float]] = {}
         """Counters of each worker's earlier incarnations."""
-        """Workers that left the pool: index -> the error that ended them."""
 
     def start(self, max_groups_per_worker: int | None = None) -> None:
         self._max_groups = max_groups_per_worker

@@ -68,6 +68,8 @@ class TrainingRun:
         self.rows: list[dict] = []
         self._teacher_pids: list[int] = []
         """The pid of each teacher service at the last step: a new pid is a restart."""
+        self._failed_runs_seen = 0
+        """The pool's failed-run count at the last step (rows count failures across resumes)."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -253,9 +255,10 @@ class TrainingRun:
               task_type="all", outcome="failure")
         m.inc("buffer_dropped", buffer["num_dropped_stale"] - previous.get("dropped_stale", 0), reason="stale")
         m.inc("buffer_dropped", buffer["num_evicted"] - previous.get("evicted", 0), reason="evicted")
-        teacher_restarts += previous.get("teacher_restarts", 0)
-        m.inc("actor_restarts", teacher_restarts - previous.get("teacher_restarts", 0), component="teacher")
-        m.inc("actor_restarts", self.pool.num_failed_runs - previous.get("rollout_failed_runs", 0), component="rollout")
+        m.inc("actor_restarts", teacher_restarts, component="teacher")
+        m.inc("actor_restarts", self.pool.num_failed_runs - self._failed_runs_seen, component="rollout")
+        failed_runs = previous.get("rollout_failed_runs", 0) + self.pool.num_failed_runs - self._failed_runs_seen
+        self._failed_runs_seen = self.pool.num_failed_runs
         return {
             "version": self.version, "time": time.time(), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
             "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "topk_kl": stats["topk_kl"],
@@ -270,7 +273,8 @@ class TrainingRun:
             "rollout_tokens": tokens, "prompt_tokens": prompt_tokens, "prompt_tokens_per_turn": prompt_tokens_per_turn,
             "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
             "train_success_rate": train_success_rate, "eval_success": None,
-            "rollout_failed_runs": self.pool.num_failed_runs, "teacher_restarts": teacher_restarts,
+            "rollout_failed_runs": failed_runs,
+            "teacher_restarts": previous.get("teacher_restarts", 0) + teacher_restarts,
         }
 
     def stop_message(self, exc: Exception) -> str | None:

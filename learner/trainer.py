@@ -43,7 +43,8 @@ def check_checkpoint(directory: str | Path) -> dict[str, Any]:
         raise ValueError(f"checkpoint {directory} does not exist")
     try:
         state = json.loads((directory / "trainer_state.json").read_text())
-        world_size, _ = int(state["world_size"]), int(state["version"])
+        world_size = int(state["world_size"])
+        int(state["version"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"checkpoint {directory}: trainer_state.json is missing or corrupt ({exc})") from exc
     try:
