@@ -2,6 +2,7 @@
 a few short steps): SIGKILL of actors the job started, found among the job process's
 descendants by their Ray process titles (`ray::<Class>`)."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,6 @@ def test_sigterm_checkpoints_and_exits_without_waiting_for_the_batch_timeout(tmp
     job.proc.send_signal(signal.SIGTERM)
     assert job.finish() == 0, job.output
     assert time.monotonic() - start < 120  # a stop is seen within a second of waiting, not after 900 s
-    final = int(job.output.split('"final_version": ')[1].split("}")[0])
+    final = int(re.search(r'"final_version": (\d+)', job.output).group(1))
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
     assert (run_dir / "hf" / "config.json").is_file()
