@@ -10,7 +10,6 @@ import threading
 import time
 
 import psutil
-import pyarrow.parquet as pq
 import pytest
 
 from test_train_job import ROOT, SHORT, free_port, job_env
