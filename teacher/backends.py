@@ -85,11 +85,10 @@ class HFTeacherBackend:
         topk = logp_all.topk(top_k, dim=-1) if top_k else None
         for row, (r, i) in enumerate(zip(requests, indices)):
             start, stop = len(r.prompt_ids) - 1, len(r.prompt_ids) - 1 + len(r.response_ids)
-            out[i] = TokenScores(tuple(logp[row, start:stop].tolist()))
-            if topk is not None:
-                out[i] = TokenScores(out[i].logprobs,
-                                     tuple(map(tuple, topk.indices[row, start:stop].cpu().tolist())),
-                                     tuple(map(tuple, topk.values[row, start:stop].cpu().tolist())))
+            out[i] = TokenScores(
+                tuple(logp[row, start:stop].tolist()),
+                None if topk is None else tuple(map(tuple, topk.indices[row, start:stop].cpu().tolist())),
+                None if topk is None else tuple(map(tuple, topk.values[row, start:stop].cpu().tolist())))
 
 
 class VLLMTeacherBackend:
