@@ -1,40 +1,45 @@
-"""The BabyAI bot as an agent-loop policy: a check of the loop, baselines, and demonstrations."""
+"""An environment's expert as an agent-loop policy: a check of the loop, baselines, and demonstrations."""
 
 from __future__ import annotations
 
 from actors.agent_loop import ChatPrompter, EpisodeState, LoopConfig, Response
-from envs.babyai_text.expert import BabyAIExpert
 from envs.parser import format_tool_call
-from envs.protocol import ToolCall
+from envs.protocol import Expert, ToolCall
 
 
-def _bot_call(ep: EpisodeState, expert: BabyAIExpert) -> str:
-    last = ep.history[-1].call.name if ep.history and ep.history[-1].call is not None else None
-    # A finished plan ("done") is not a tool: answer with a harmless turn.
-    return format_tool_call(ToolCall(expert.act(last) or "turn_left"))
+def _expert_call(ep: EpisodeState, expert: Expert) -> str:
+    executed = ep.history[-1].call if ep.history else None
+    # An expert without a plan (it thinks the task is done) still has to answer: the first tool,
+    # called without arguments, is a harmless turn in the environments we have.
+    return format_tool_call(expert.act(executed) or ToolCall(ep.env.tools[0]["function"]["name"]))
+
+
+def _new_expert(ep: EpisodeState) -> Expert:
+    expert = ep.env.expert()
+    if expert is None:
+        raise ValueError(f"environment {type(ep.env).__name__} has no expert: it cannot demonstrate or be evaluated "
+                         f"with policy=expert")
+    return expert
 
 
 class ExpertPolicy:
-    """Answers each episode with the bot's canonical tool call; text only (no trajectory).
-
-    Episodes must run in `BabyAITextEnv`s.
-    """
+    """Answers each episode with the environment expert's canonical tool call; text only (no trajectory)."""
 
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses = []
         for ep in episodes:
             if ep.policy_state is None:
-                ep.policy_state = BabyAIExpert(ep.env)
-            responses.append(Response(_bot_call(ep, ep.policy_state)))
+                ep.policy_state = _new_expert(ep)
+            responses.append(Response(_expert_call(ep, ep.policy_state)))
         return responses
 
 
 class DemonstrationPolicy:
-    """The bot's canonical calls as token-level turns in the student's chat format.
+    """The expert's canonical calls as token-level turns in the student's chat format.
 
     Each response is the call's tokens plus the end-of-turn token, with behaviour log-prob 0
-    (the bot is deterministic); prompts are built exactly as `ModelPolicy` builds them, so the
-    trajectories are what the student would have seen had it acted like the bot (SFT data).
+    (the expert is deterministic); prompts are built exactly as `ModelPolicy` builds them, so the
+    trajectories are what the student would have seen had it acted like the expert (SFT data).
     """
 
     def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>", policy_version: int = 0) -> None:
@@ -46,9 +51,9 @@ class DemonstrationPolicy:
         responses = []
         for ep in episodes:
             if ep.policy_state is None:
-                ep.policy_state = (BabyAIExpert(ep.env), None)
+                ep.policy_state = (_new_expert(ep), None)
             expert, last = ep.policy_state
-            text = _bot_call(ep, expert)
+            text = _expert_call(ep, expert)
             ids = tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self.prompter.stop_id,)
             response = Response(text, tuple(self.prompter.prompt_ids(ep, last)), ids, (0.0,) * len(ids),
                                 policy_version=self.policy_version)

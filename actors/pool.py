@@ -21,16 +21,14 @@ from typing import Any
 from actors.rollout_worker import RolloutConfig, RolloutWorker
 from learner.models import ModelConfig
 
-_NOT_COUNTERS = frozenset({"pid", "policy_version"})
-"""Worker `stats` keys that describe the incarnation rather than count."""
-
-
 class RolloutPool:
     """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers)."""
 
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
-                 placement: list[Any] | None = None, worker_cls: type = RolloutWorker) -> None:
+                 placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
+                 algorithm=None) -> None:
+        """`env` and `algorithm`: see `RolloutWorker`."""
         import ray
 
         if num_workers < 1:
@@ -45,7 +43,8 @@ class RolloutPool:
             if placement is not None:
                 options["scheduling_strategy"] = placement[i]
             teacher = teachers[i % len(teachers)] if teachers else None
-            self.workers.append(actor.options(**options).remote(i, num_workers, config, model, buffer, teacher))
+            self.workers.append(actor.options(**options).remote(i, num_workers, config, model, buffer, teacher,
+                                                                env, algorithm))
         self.max_restarts = max_restarts
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
@@ -59,10 +58,6 @@ class RolloutPool:
         that failed if it was still alive): a probe answered by a new pid ends the restart."""
         self.retired: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
-        self._last_stats: dict[int, dict[str, float]] = {}
-        """Each worker's latest `stats` answer (see `stats`)."""
-        self._carried: dict[int, dict[str, float]] = {}
-        """Counters of each worker's earlier incarnations."""
 
     def start(self, max_groups_per_worker: int | None = None) -> None:
         self._max_groups = max_groups_per_worker
@@ -163,24 +158,10 @@ class RolloutPool:
         self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
     def stats(self) -> list[dict[str, float]]:
-        """Per worker index, counters summed over its incarnations, so totals never go back.
-
-        A restarted worker's counters start again at 0: when a worker answers with a new pid,
-        its previous incarnation's last answer is carried. A worker that does not answer (restarting,
-        or retired) reports its last answer. Counts between an incarnation's last answer and its death
-        are lost.
-        """
-        answers = self._gather({i: self.workers[i].stats.remote() for i in self.active})
-        for index, current in answers.items():
-            last = self._last_stats.get(index)
-            if last is not None and last["pid"] != current["pid"]:
-                carried = self._carried.setdefault(index, {})
-                for key, value in last.items():
-                    if key not in _NOT_COUNTERS:
-                        carried[key] = carried.get(key, 0.0) + value
-            self._last_stats[index] = current
-        return [{key: value + (0.0 if key in _NOT_COUNTERS else self._carried.get(index, {}).get(key, 0.0))
-                 for key, value in last.items()} for index, last in sorted(self._last_stats.items())]
+        """Each answering worker's counters since its previous answer (deltas). A worker that is
+        restarting or retired does not answer; the counts of an incarnation between its last
+        answer and its death are lost."""
+        return list(self._gather({i: self.workers[i].stats.remote() for i in self.active}).values())
 
     def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
         """Greedy evaluation, seeds spread over the workers; a worker that dies mid-eval has its

@@ -9,8 +9,9 @@ The loop, once per round:
    would be dropped as stale;
 3. one batched generation across every running episode (on a thread, so the actor keeps
    answering weight updates and stats), parse, step;
-4. a group whose G episodes all finished goes to the teacher service while OPD is on, then
-   to the buffer in one `put_group`, which stores it exactly once.
+4. a group whose G episodes all finished goes through the algorithm's group-end stages in
+   order (advantages, turn selection, teacher scoring: `learner.algorithms`), then to the
+   buffer in one `put_group`, which stores it exactly once.
 
 Task seeds come from the worker's own stream: group i of worker w of N uses seed i*N + w,
 so workers never collide and a restarted worker continues where its stream stopped.
@@ -30,8 +31,8 @@ from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopCon
 from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
-from learner.algorithms import AlgorithmConfig, group_advantages, select_turns
-from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
+from envs.registry import EnvConfig, default_env_config, make_env
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext
 from learner.models import ModelConfig
 
 
@@ -51,14 +52,11 @@ class RolloutConfig(BaseModel):
     split: str = "train"
     sampling: SamplingConfig = SamplingConfig()
     loop: LoopConfig = LoopConfig()
-    env: BabyAITextConfig = BabyAITextConfig()
     vllm: VLLMConfig = VLLMConfig()
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of the HF engine on CPU; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
-    algorithm: AlgorithmConfig | None = None
-    """Group-end hook: GRPO advantages (and turn selection for turn_level) before the buffer."""
 
 
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
@@ -84,7 +82,9 @@ class RolloutWorker:
     """Async actor body; the pool starts it with `ray.remote(RolloutWorker)`."""
 
     def __init__(self, worker_index: int, num_workers: int, config: RolloutConfig, model: ModelConfig,
-                 buffer, teacher=None) -> None:
+                 buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None) -> None:
+        """`env`: the job's environment (default: the default environment); `algorithm`: whose
+        group-end stages run on each finished group (None: groups go to the buffer as played)."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -94,6 +94,12 @@ class RolloutWorker:
         self.owner = f"worker-{worker_index}"
         self.config = config
         self.buffer, self.teacher = buffer, teacher
+        self.env_config = env or default_env_config()
+        self.stages = []
+        if algorithm is not None:
+            context = StageContext(worker_index, None if teacher is None else self._score)
+            self.stages = [(factory.__name__, factory(algorithm, context))
+                           for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)]
         self.tokenizer = load_tokenizer(model)
         self.engine = build_engine(config, model, self.tokenizer, seed_offset=worker_index)
         self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
@@ -106,6 +112,9 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    async def _score(self, trajectories):
+        return await self.teacher.score.remote(trajectories)
+
     async def update_weights(self, state_ref: list, version: int) -> None:
         """New weights (`[ObjectRef]` of a state dict, kept unresolved); applied before the next round."""
         if self._pending_weights is None or version > self._pending_weights[1]:
@@ -115,7 +124,10 @@ class RolloutWorker:
         self._stop = True
 
     async def stats(self) -> dict[str, float]:
-        return {**self._stats, "policy_version": self.engine.version, "pid": os.getpid()}
+        """Counters since the previous `stats` call (deltas: a restarted worker starts again at 0
+        without the driver having to tell incarnations apart), plus the engine's policy version."""
+        deltas, self._stats = dict(self._stats), defaultdict(float)
+        return {**deltas, "policy_version": self.engine.version, "pid": os.getpid()}
 
     async def _apply_weights(self) -> None:
         if self._pending_weights is None:
@@ -134,12 +146,12 @@ class RolloutWorker:
         return GroupLease(group_id=f"{self.owner}:{index}", owner=self.owner, split=self.config.split,
                           seed=index * self.num_workers + self.index, group_size=self.config.group_size, index=index)
 
-    async def run(self, max_groups: int | None = None) -> dict[str, float]:
+    async def run(self, max_groups: int | None = None) -> None:
         """Roll out until stopped, or until this worker has completed max_groups groups in total."""
         self._stop = False
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
         self._stats["num_recovered_groups"] += len(recovered)
-        runner = EpisodeRunner(lambda: BabyAITextEnv(self.config.env), self.config.num_envs, self.config.loop)
+        runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)
         groups: dict[str, list[EpisodeResult]] = {}
         loop = asyncio.get_running_loop()
         G = self.config.group_size
@@ -174,7 +186,6 @@ class RolloutWorker:
                 if len(groups[group_id]) == G:
                     await self._deliver(group_id, groups.pop(group_id))
                     completed += 1
-        return dict(self._stats)
 
     def _record(self, result: EpisodeResult) -> None:
         tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
@@ -194,17 +205,13 @@ class RolloutWorker:
         from buffer.actor import encode_trajectories
 
         trajectories = [r.trajectory for r in sorted(results, key=lambda r: r.task.index)]
-        algorithm = self.config.algorithm
-        if algorithm is not None:
-            if algorithm.name == "turn_level":
-                trajectories = [select_turns(t, algorithm.turn_level_k, self.index) for t in trajectories]
-            trajectories = group_advantages(trajectories, algorithm)
+        for name, stage in self.stages:
+            start = time.perf_counter()
+            trajectories = await stage(trajectories)
+            self._stats[f"stage_{name}_s"] += time.perf_counter() - start
             if not trajectories:
                 self._stats["num_groups_without_signal"] += 1
-        if self.teacher is not None and trajectories:
-            start = time.perf_counter()
-            trajectories = await self.teacher.score.remote(trajectories)
-            self._stats["teacher_wait_s"] += time.perf_counter() - start
+                break
         stored = await self.buffer.put_group.remote(encode_trajectories(trajectories), group_id)
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
 
@@ -214,7 +221,7 @@ class RolloutWorker:
         await self._apply_weights()  # weights published while no `run` was applying them (warm start)
         greedy = ModelPolicy(self.engine, self.tokenizer, self.config.sampling.model_copy(update={"temperature": 0.0}),
                              self.config.loop)
-        runner = EpisodeRunner(lambda: BabyAITextEnv(self.config.env), self.config.num_envs, self.config.loop)
+        runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)
         pending = [EpisodeTask(split, s) for s in seeds][::-1]
         rows = []
         loop = asyncio.get_running_loop()

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from envs.babyai_text import TASK_TYPES, BabyAIExpert, BabyAITextConfig, BabyAITextEnv
-from envs.protocol import ToolCall
+from envs.babyai_text import TASK_TYPES, BabyAITextConfig, BabyAITextEnv
 
 
 def main() -> None:
@@ -25,12 +24,12 @@ def main() -> None:
         successes, steps = 0, 0
         for seed in range(args.seeds_per_type):
             env.reset(seed, args.split)
-            expert, last, step = BabyAIExpert(env), None, None
+            expert, last, step = env.expert(), None, None
             while step is None or not step.done:
                 last = expert.act(last)
                 if last is None:
                     break
-                step = env.step(ToolCall(last))
+                step = env.step(last)
             successes += bool(step and step.success)
             steps += step.num_steps if step else 0
         rates[task_type] = successes / args.seeds_per_type

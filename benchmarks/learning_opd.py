@@ -3,7 +3,7 @@ a random policy and the expert, all on the same eval tasks.
 
 1. `jobs.evaluate` of the initial student, of `policy=random` (a uniformly random valid tool
    call every turn) and of `policy=expert` (the bot), greedy, on the job's eval split and
-   environment (its `run.eval_split`, `rollout.env`, `rollout.loop`);
+   environment (its `run.eval_split`, `env`, `rollout.loop`);
 2. `python -m jobs.train` with the job's config;
 3. the same eval of the exported final policy.
 
@@ -30,7 +30,7 @@ def evaluate(job, model_path: str, policy: str, out: Path, num_tasks: int) -> di
     """`jobs.evaluate` with the job's environment, loop and eval split; returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
     config = {"policy": policy, "model": {**job.model.model_dump(mode="json"), "path": model_path},
-              "engine": job.rollout.engine, "env": job.rollout.env.model_dump(mode="json"),
+              "engine": job.rollout.engine, "env": job.env.model_dump(mode="json"),
               "loop": job.rollout.loop.model_dump(mode="json"),
               "sampling": {"temperature": 0.0, "max_new_tokens": job.rollout.sampling.max_new_tokens},
               "split": job.run.eval_split, "num_tasks": num_tasks, "num_threads": 2, "output_dir": str(out)}

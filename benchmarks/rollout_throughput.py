@@ -33,7 +33,7 @@ def main() -> None:
     from actors.agent_loop import EpisodeTask, ModelPolicy, run_episodes
     from actors.engine import SamplingConfig
     from actors.rollout_worker import build_engine
-    from envs.babyai_text import BabyAITextEnv
+    from envs.registry import make_env
     from jobs.config import load_config
     from jobs.train import JobConfig
     from learner.models import load_tokenizer
@@ -48,7 +48,7 @@ def main() -> None:
     def tokens_per_s(engine, batch_size: int) -> tuple[float, int, float]:
         policy = ModelPolicy(engine, tokenizer, sampling, loop)
         start = time.perf_counter()
-        results = run_episodes(lambda: BabyAITextEnv(job.rollout.env), tasks, policy, loop, batch_size=batch_size)
+        results = run_episodes(lambda: make_env(job.env), tasks, policy, loop, batch_size=batch_size)
         elapsed = time.perf_counter() - start
         turns = [t for r in results for t in r.trajectory.turns]
         n = sum(len(t.response_ids) for t in turns)

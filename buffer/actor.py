@@ -139,8 +139,8 @@ class ReplayBuffer:
         self._admission.finish(lease.group_size, samples.num_samples)
         return True
 
-    async def put(self, samples: EncodedSamples, num_episodes: int = 0) -> int:
-        """Store samples; `num_episodes` admitted episodes finished with them. Returns evictions."""
+    async def put(self, samples: EncodedSamples) -> int:
+        """Store samples outside any lease or admission (offline data, benchmarks). Returns evictions."""
         import ray
 
         if not samples.num_samples:
@@ -149,8 +149,6 @@ class ReplayBuffer:
         self._next_key += 1
         self._tables[key] = [ray.put(samples.data), samples.num_samples]
         evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(samples.policy_versions)])
-        if num_episodes:
-            self._admission.finish(num_episodes, samples.num_samples)
         self._new_data.set()
         self._export()
         return evicted
@@ -184,14 +182,6 @@ class ReplayBuffer:
         self._export()
         return SampleBatch(refs, tuple(tuple(r) for r, _ in by_table.values()),
                            tuple(tuple(v) for _, v in by_table.values()))
-
-    async def admit(self, num_episodes: int) -> int:
-        """Reserve room for up to num_episodes episodes; returns how many may start (0 = wait)."""
-        return self._admission.admit(num_episodes, self._version, accepted_samples(self._ring))
-
-    async def abort(self, num_episodes: int) -> None:
-        """Admitted episodes that will never be put (their worker died)."""
-        self._admission.abort(num_episodes)
 
     async def set_version(self, learner_version: int) -> int:
         """The learner published a new version; drops what became too stale. Returns drops."""

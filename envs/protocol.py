@@ -63,13 +63,33 @@ class EnvStep:
     """True when the episode ended because the step limit was reached."""
 
 
+class Expert(Protocol):
+    """A scripted policy for the current episode of one environment (demonstrations, the oracle
+    teacher, baselines). It can advise an agent that does not follow it: it is told every call
+    that was actually executed."""
+
+    def act(self, executed: ToolCall | None) -> ToolCall | None:
+        """The call it would make next, given the call executed since its last answer (None on
+        the first turn); None when it has no plan (it thinks the task is done, or cannot finish it)."""
+        ...
+
+
 @runtime_checkable
 class TextEnv(Protocol):
-    """A multi-turn text environment driven by tool calls."""
+    """A multi-turn text environment driven by tool calls; registered in `envs.registry`."""
+
+    system_prompt: str
+    """The system turn's text (before the tool list), shared by the student and the teacher."""
+    splits: tuple[str, ...]
+    """Task splits `reset` accepts."""
 
     @property
     def tools(self) -> list[dict[str, Any]]:
         """Tool schemas in the OpenAI/HF `tools` format."""
+        ...
+
+    def split_size(self, split: str) -> int | None:
+        """Number of tasks (seeds 0..n-1) in a split, None when it is unbounded; ValueError for an unknown split."""
         ...
 
     def reset(self, seed: int, split: str) -> EnvReset:
@@ -78,4 +98,8 @@ class TextEnv(Protocol):
 
     def step(self, call: ToolCall) -> EnvStep:
         """Apply one validated tool call."""
+        ...
+
+    def expert(self) -> Expert | None:
+        """A fresh expert for the episode just reset, or None when the environment has none."""
         ...

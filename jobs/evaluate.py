@@ -1,9 +1,9 @@
-"""Evaluate a policy on a BabyAI-Text split: success rate per task type.
+"""Evaluate a policy on an environment's split: success rate per task type.
 
     python -m jobs.evaluate [--config FILE.yaml] [key.sub=value ...] [--dry-run]
 
 By default: the zero-shot tiny model, greedy, on the study's 50-task `eval50` split.
-`policy=expert` runs the BabyAI bot instead (the ceiling, and a check of the environment
+`policy=expert` runs the environment's expert (the BabyAI bot) instead (the ceiling, and a check of the environment
 and loop); `policy=random` calls a uniformly random tool every turn (the floor).
 Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`.
 """
@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
-from envs.babyai_text import BabyAITextConfig
-from envs.babyai_text.tasks import SPLITS, split_size
+from envs.registry import EnvSection, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
 from learner.models import ModelConfig
 
@@ -38,7 +37,8 @@ class EvaluateConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     engine: Literal["hf", "vllm"] = "vllm"
     """Inference engine of policy=model (see RolloutConfig.engine)."""
-    env: BabyAITextConfig = BabyAITextConfig()
+    env: EnvSection = Field(default_factory=default_env_config)
+    """The environment (`name` picks a registered one), as in a training job's `env` section."""
     loop: LoopConfig = LoopConfig()
     sampling: SamplingConfig = SamplingConfig(temperature=0.0, max_new_tokens=48)
     split: str = "eval50"
@@ -53,9 +53,10 @@ class EvaluateConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_split(self) -> "EvaluateConfig":
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)}, got {self.split!r}")
-        size = split_size(self.split)
+        env = make_env(self.env)
+        if self.split not in env.splits:
+            raise ValueError(f"split must be one of {list(env.splits)}, got {self.split!r}")
+        size = env.split_size(self.split)
         if size is None and self.num_tasks is None:
             raise ValueError(f"split {self.split!r} is unbounded: set num_tasks")
         if size is not None and self.first_seed + (self.num_tasks or size) > size:
@@ -63,7 +64,7 @@ class EvaluateConfig(BaseModel):
         return self
 
     def tasks(self) -> list[EpisodeTask]:
-        count = self.num_tasks or split_size(self.split)
+        count = self.num_tasks or make_env(self.env).split_size(self.split)
         return [EpisodeTask(self.split, self.first_seed + i) for i in range(count)]
 
 
@@ -151,14 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from actors.agent_loop import run_episodes
-    from envs.babyai_text import BabyAITextEnv
 
     torch.set_num_threads(config.num_threads)
     tasks = config.tasks()
     start = time.perf_counter()
     policy = build_policy(config)
     with tqdm(total=len(tasks), desc=f"eval {config.split}", unit="ep", file=sys.stderr) as bar:
-        results = run_episodes(lambda: BabyAITextEnv(config.env), tasks, policy, config.loop,
+        results = run_episodes(lambda: make_env(config.env), tasks, policy, config.loop,
                                batch_size=config.batch_size, on_episode=lambda _: bar.update())
     wall_s = time.perf_counter() - start
     summary = summarize(results)

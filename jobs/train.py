@@ -33,8 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from actors.rollout_worker import RolloutConfig
 from buffer.actor import BufferConfig
 from cluster.plan import ResourcePlan
+from envs.registry import EnvSection, check_split, default_env_config
 from jobs.config import ConfigError, dump_config, load_config
 from jobs.warm_start import WarmStartConfig
+from learner.algorithms import ALGORITHMS
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
 from teacher.service import TeacherConfig
@@ -80,6 +82,8 @@ class JobConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelConfig = ModelConfig()
+    env: EnvSection = Field(default_factory=default_env_config)
+    """The environment every part of the job builds: `name` picks a registered one (envs.registry)."""
     rollout: RolloutConfig = RolloutConfig()
     teacher: TeacherConfig | None = TeacherConfig()
     buffer: BufferConfig = BufferConfig()
@@ -90,10 +94,10 @@ class JobConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
-        name = self.learner.algorithm.name
-        if name in ("opd", "joint") and self.teacher is None:
-            raise ValueError(f"learner.algorithm.name={name} needs a teacher (set the teacher section)")
-        if self.learner.algorithm.topk_kl_coef and (self.teacher is None or not self.teacher.top_k):
+        algorithm = self.learner.algorithm
+        if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None:
+            raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
+        if algorithm.topk_kl_coef and (self.teacher is None or not self.teacher.top_k):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs the teacher's top-k: set teacher.top_k > 0")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
@@ -110,20 +114,17 @@ class JobConfig(BaseModel):
 
 def preflight(config: JobConfig) -> None:
     """Checks that need the machine rather than the config alone, before any actor starts:
-    the models and their tokenizers load (path, chat template), the eval split exists, and the
-    metrics port is free. ValueError names the problem."""
+    the models and their tokenizers load (path, chat template), the environment builds and has
+    the train and eval splits, and the metrics port is free. ValueError names the problem."""
     import socket
 
-    from envs.babyai_text.tasks import check_split
     from learner.models import load_tokenizer
 
     load_tokenizer(config.model)
     if config.teacher is not None and config.teacher.backend != "oracle":
         load_tokenizer(config.teacher.model)
-    try:
-        check_split(config.run.eval_split)
-    except ValueError as exc:
-        raise ValueError(f"run.eval_split: {exc}") from exc
+    check_split(config.env, config.rollout.split, "rollout.split")
+    check_split(config.env, config.run.eval_split, "run.eval_split")
     if config.run.metrics_port is not None:
         with socket.socket() as probe:
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.config import dump_config
+from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
 from learner.trainer import check_checkpoint
 
 
@@ -35,7 +37,7 @@ class TrainingRun:
         from buffer.actor import create_buffer_actor
         from cluster.metrics import MetricsExporter
         from cluster.plan import reserve
-        from envs.babyai_text import BabyAITextEnv
+        from learner.algorithms import ALGORITHMS
         from learner.group import LearnerGroup
         from teacher.service import create_teacher_service
 
@@ -48,28 +50,31 @@ class TrainingRun:
         self.placement_group, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
         self.buffer = create_buffer_actor(config.buffer)
-        # One service per teacher bundle; rollout worker i sends its groups to teacher i mod M.
+        algorithm = config.learner.algorithm
+        self.algorithm = ALGORITHMS[algorithm.name]
+        # One service per teacher bundle, only when the algorithm's stages score with a teacher;
+        # rollout worker i sends its groups to teacher i mod M.
         self.teachers = []
-        if config.teacher is not None:
-            env = BabyAITextEnv(config.rollout.env)
-            self.teachers = [create_teacher_service(config.teacher, config.model, env.system_prompt, env.tools, index=j,
-                                                    env_config=config.rollout.env, prompt=config.rollout.loop.prompt,
+        if config.teacher is not None and self.algorithm.uses_teacher(algorithm):
+            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, index=j,
+                                                    prompt=config.rollout.loop.prompt,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                                                     scheduling_strategy=strategies["teacher"][j])
                              for j in range(plan.teacher.count)]
         rollout = config.rollout.model_copy(update={
-            "algorithm": config.learner.algorithm,
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
-                                placement=strategies["rollout"])
+                                placement=strategies["rollout"], env=config.env, algorithm=algorithm)
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"])
-        self.rows: list[dict] = []
+        self.rows: list[StepRecord] = []
         self._teacher_pids: list[int] = []
         """The pid of each teacher service at the last step: a new pid is a restart."""
         self._failed_runs_seen = 0
         """The pool's failed-run count at the last step (rows count failures across resumes)."""
+        self._buffer_seen: dict[str, int] = {}
+        """The buffer's counters at the last step."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -83,7 +88,7 @@ class TrainingRun:
         self.warm_steps = int(extra.get("warm_start_steps", 0))
         metrics = self.dir / "metrics.parquet"
         if metrics.exists():
-            self.rows = [r for r in pq.read_table(metrics).to_pylist() if r["version"] <= self.version]
+            self.rows = [r for r in read_records(metrics) if r.version <= self.version]
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
 
     def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
@@ -110,12 +115,12 @@ class TrainingRun:
 
         ws = self.config.warm_start
         start = time.perf_counter()
-        demos = demonstrations(ws, self.config.rollout, load_tokenizer(self.config.model))
+        demos = demonstrations(ws, self.config.rollout, self.config.env, load_tokenizer(self.config.model))
         if not demos:
-            raise RuntimeError(f"warm start: the bot solved none of its {ws.num_episodes} episodes within "
+            raise RuntimeError(f"warm start: the expert solved none of its {ws.num_episodes} episodes within "
                                f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
         total = num_steps(len(demos), ws)
-        print(f"warm start: the bot solved {len(demos)}/{ws.num_episodes} episodes "
+        print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
         sft = self.config.learner.algorithm.model_copy(update={"name": "sft", "topk_kl_coef": 0.0})
         rows = []
@@ -129,7 +134,7 @@ class TrainingRun:
             self.version = int(stats["version"])
             rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
                          "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
-                         "eval_success": None})
+                         "eval_success": None, "eval_success_by_type": None})
             print(f"sft  {self.version:4d}/{total} loss {stats['loss']:.4f} samples {encoded.num_samples:3d} "
                   f"learn {stats['step_s']:.2f}s", flush=True)
         self.warm_steps = self.version
@@ -138,7 +143,7 @@ class TrainingRun:
         self.pool.publish_weights(self.learner.publish(), self.version)
         ray.get(self.buffer.set_version.remote(self.version))
         if self.config.run.eval_every:
-            self._evaluate(rows[-1])
+            rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self._evaluate()
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
         pq.write_table(pa.Table.from_pylist(rows), self.dir / "warm_start.parquet")
@@ -173,7 +178,8 @@ class TrainingRun:
             last = time.perf_counter()
             step = self.version - self.warm_steps
             if run.eval_every and step % run.eval_every == 0:
-                self._evaluate(row)
+                overall, by_type = self._evaluate()
+                row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
             self.rows.append(row)
             print(self._line(row), flush=True)
             if step % run.checkpoint_every == 0:
@@ -202,80 +208,68 @@ class TrainingRun:
                                                     timeout_s=min(1.0, remaining)))
         return batch
 
-    def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> dict:
+    def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> StepRecord:
         import ray
 
         buffer = ray.get(self.buffer.stats.remote())
-        workers = self.pool.stats()
+        counts = Counts.sum(self.pool.stats())
         # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
         teachers = ray.get([t.stats.remote() for t in self.teachers])
         pids = [t["pid"] for t in teachers]
         teacher_restarts = sum(old != new for old, new in zip(self._teacher_pids, pids))
         self._teacher_pids = pids
+        # The buffer's counters are its own totals since it started: diff them here (a resumed run
+        # starts a new buffer at 0 while the records' totals continue).
+        buffer_delta = {key: int(buffer[key]) - self._buffer_seen.get(key, 0) for key in BUFFER_COUNTERS}
+        self._buffer_seen = {key: int(buffer[key]) for key in BUFFER_COUNTERS}
+        failed_runs = self.pool.num_failed_runs - self._failed_runs_seen
+        self._failed_runs_seen = self.pool.num_failed_runs
+        previous = self.rows[-1] if self.rows else None
+        totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, wall)
+        # Defaults for algorithms without λ, retirement or a horizon curriculum: the student acts
+        # for the whole episode.
+        gauges = {"opd_lambda": 0.0, "teacher_retired": 0.0, "horizon_k": float(self.config.rollout.loop.max_turns),
+                  **self.algorithm.gauges(self.config.learner.algorithm, self.version - self.warm_steps)}
         staleness = [self.version - 1 - v for v in versions]
+        record = StepRecord(
+            version=self.version, time=time.time(), loss=stats["loss"], grad_norm=stats["grad_norm"],
+            entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
+            clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"], num_samples=len(versions),
+            num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
+            mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
+            learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
+            buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]), **totals, **gauges)
+        self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
+        return record
+
+    def _export(self, record: StepRecord, counts: Counts, buffer_delta: dict[str, int], failed_runs: int,
+                teacher_restarts: int, teachers: list[dict]) -> None:
         m = self.metrics
-        m.set("learner_version", self.version)
-        m.set("learner_step_seconds", stats["step_s"])
-        m.set("learner_idle_seconds", idle)
-        m.set("weight_sync_seconds", sync)
-        m.set("buffer_occupancy", buffer["occupancy"])
-        for s, n in Counter(staleness).items():
+        m.set("learner_version", record.version)
+        m.set("learner_step_seconds", record.learner_step_s)
+        m.set("learner_idle_seconds", record.learner_idle_s)
+        m.set("weight_sync_seconds", record.weight_sync_s)
+        m.set("buffer_occupancy", record.buffer_occupancy)
+        for s, n in Counter(record.version - 1 - v for v in record.sample_versions).items():
             m.observe("consumed_staleness", s, n)
-        turns = sum(w.get("num_turns", 0) for w in workers)
-        errors = sum(w.get("num_format_errors", 0) for w in workers)
-        tokens = sum(w.get("num_response_tokens", 0) for w in workers)
-        previous = self.rows[-1] if self.rows else {}
-        m.set("rollout_tokens_per_s", max(0.0, tokens - previous.get("rollout_tokens", 0)) / max(wall, 1e-9))
-        # Rates over the episodes that finished since the last step (episodes finish in bursts:
-        # a step without any keeps the previous rates).
-        new_turns = turns - previous.get("turns", 0)
-        format_error_rate = (errors - previous.get("format_errors", 0)) / new_turns if new_turns > 0 \
-            else previous.get("format_error_rate", 0.0)
-        m.set("format_error_rate", format_error_rate)
-        prompt_tokens = sum(w.get("num_prompt_tokens", 0) for w in workers)
-        prompt_tokens_per_turn = (prompt_tokens - previous.get("prompt_tokens", 0)) / new_turns if new_turns > 0 \
-            else previous.get("prompt_tokens_per_turn", 0.0)
-        m.set("rollout_prompt_tokens_per_turn", prompt_tokens_per_turn)
-        m.set("opd_reverse_kl", stats["reverse_kl"])
-        algorithm = self.config.learner.algorithm
-        m.set("opd_lambda", {"opd": 1.0, "joint": algorithm.opd_lambda}.get(algorithm.name, 0.0))
-        m.set("teacher_retired", 0.0)
-        # Without a horizon curriculum the student acts for the whole episode.
-        m.set("horizon_k", self.config.rollout.loop.max_turns)
+        m.set("rollout_tokens_per_s", record.rollout_tokens_per_s)
+        # Rates over the episodes that finished since the last step; a step without any keeps the
+        # previous values (episodes finish in bursts).
+        if record.format_error_rate is not None:
+            m.set("format_error_rate", record.format_error_rate)
+            m.set("rollout_prompt_tokens_per_turn", record.prompt_tokens_per_turn)
+        m.set("opd_reverse_kl", record.reverse_kl)
+        for name in ("opd_lambda", "teacher_retired", "horizon_k"):
+            m.set(name, getattr(record, name))
         if teachers:
             m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
             m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))
-        episodes = sum(w.get("num_episodes", 0) for w in workers)
-        successes = sum(w.get("num_successes", 0) for w in workers)
-        new_episodes = episodes - previous.get("episodes", 0)
-        train_success_rate = (successes - previous.get("successes", 0)) / new_episodes if new_episodes > 0 \
-            else previous.get("train_success_rate", 0.0)
-        m.inc("episodes", successes - previous.get("successes", 0), task_type="all", outcome="success")
-        m.inc("episodes", (episodes - successes) - (previous.get("episodes", 0) - previous.get("successes", 0)),
-              task_type="all", outcome="failure")
-        m.inc("buffer_dropped", buffer["num_dropped_stale"] - previous.get("dropped_stale", 0), reason="stale")
-        m.inc("buffer_dropped", buffer["num_evicted"] - previous.get("evicted", 0), reason="evicted")
+        m.inc("episodes", counts.num_successes, task_type="all", outcome="success")
+        m.inc("episodes", counts.num_episodes - counts.num_successes, task_type="all", outcome="failure")
+        m.inc("buffer_dropped", buffer_delta["num_dropped_stale"], reason="stale")
+        m.inc("buffer_dropped", buffer_delta["num_evicted"], reason="evicted")
         m.inc("actor_restarts", teacher_restarts, component="teacher")
-        m.inc("actor_restarts", self.pool.num_failed_runs - self._failed_runs_seen, component="rollout")
-        failed_runs = previous.get("rollout_failed_runs", 0) + self.pool.num_failed_runs - self._failed_runs_seen
-        self._failed_runs_seen = self.pool.num_failed_runs
-        return {
-            "version": self.version, "time": time.time(), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
-            "entropy": stats["entropy"], "reverse_kl": stats["reverse_kl"], "topk_kl": stats["topk_kl"],
-            "clip_frac": stats["clip_frac"], "mismatch_kl": stats["mismatch_kl"], "num_samples": len(versions),
-            "num_loss_tokens": stats["num_loss_tokens"], "max_staleness": max(staleness) if staleness else 0,
-            "mean_staleness": sum(staleness) / max(len(staleness), 1), "sample_versions": versions,
-            "learner_step_s": stats["step_s"], "learner_idle_s": idle, "weight_sync_s": sync, "wall_s": wall,
-            "buffer_occupancy": buffer["occupancy"], "dropped_stale": buffer["num_dropped_stale"],
-            "evicted": buffer["num_evicted"], "buffer_put": buffer["num_put"], "buffer_consumed": buffer["num_consumed"],
-            "buffer_resident": buffer["num_resident"], "duplicate_groups": buffer["num_duplicate_groups"],
-            "episodes": episodes, "successes": successes,
-            "rollout_tokens": tokens, "prompt_tokens": prompt_tokens, "prompt_tokens_per_turn": prompt_tokens_per_turn,
-            "turns": turns, "format_errors": errors, "format_error_rate": format_error_rate,
-            "train_success_rate": train_success_rate, "eval_success": None,
-            "rollout_failed_runs": failed_runs,
-            "teacher_restarts": previous.get("teacher_restarts", 0) + teacher_restarts,
-        }
+        m.inc("actor_restarts", failed_runs, component="rollout")
 
     def stop_message(self, exc: Exception) -> str | None:
         """What to tell the user when the buffer or a learner rank died (the run cannot go on), or None.
@@ -299,23 +293,30 @@ class TrainingRun:
                         f"{resume} (from its latest checkpoint)")
         return None
 
-    def _evaluate(self, row: dict) -> None:
+    def _evaluate(self) -> tuple[float, dict[str, float]]:
+        """Greedy eval on run.eval_split: success overall and per task type (also exported)."""
         rows = self.pool.evaluate(self.config.run.eval_split, list(range(self.config.run.eval_tasks)))
         by_type: dict[str, list[bool]] = {}
         for r in rows:
             by_type.setdefault(r["task_type"], []).append(r["success"])
-        for task_type, results in by_type.items():
-            self.metrics.set("eval_success", sum(results) / len(results), task_type=task_type)
-        row["eval_success"] = sum(r["success"] for r in rows) / max(len(rows), 1)
-        self.metrics.set("eval_success", row["eval_success"], task_type="overall")
+        rates = {task_type: sum(results) / len(results) for task_type, results in sorted(by_type.items())}
+        for task_type, rate in rates.items():
+            self.metrics.set("eval_success", rate, task_type=task_type)
+        overall = sum(r["success"] for r in rows) / max(len(rows), 1)
+        self.metrics.set("eval_success", overall, task_type="overall")
+        return overall, rates
 
-    def _line(self, row: dict) -> str:
-        line = (f"step {row['version']:4d} loss {row['loss']:+.4f} rkl {row['reverse_kl']:.3f} "
-                f"samples {row['num_samples']:3d} stale<= {row['max_staleness']} "
-                f"train_sr {row['train_success_rate']:.2f} fmt_err {row['format_error_rate']:.2f} "
-                f"learn {row['learner_step_s']:.2f}s idle {row['learner_idle_s']:.2f}s sync {row['weight_sync_s']:.2f}s")
-        if row["eval_success"] is not None:
-            line += f" eval {row['eval_success']:.2f}"
+    @staticmethod
+    def _line(row: StepRecord) -> str:
+        def rate(value: float | None) -> str:
+            return "  - " if value is None else f"{value:.2f}"
+
+        line = (f"step {row.version:4d} loss {row.loss:+.4f} rkl {row.reverse_kl:.3f} "
+                f"samples {row.num_samples:3d} stale<= {row.max_staleness} "
+                f"train_sr {rate(row.train_success_rate)} fmt_err {rate(row.format_error_rate)} "
+                f"learn {row.learner_step_s:.2f}s idle {row.learner_idle_s:.2f}s sync {row.weight_sync_s:.2f}s")
+        if row.eval_success is not None:
+            line += f" eval {row.eval_success:.2f}"
         return line
 
     def checkpoint(self) -> Path:
@@ -331,7 +332,7 @@ class TrainingRun:
 
     def write_metrics(self) -> None:
         if self.rows:
-            pq.write_table(pa.Table.from_pylist(self.rows), self.dir / "metrics.parquet")
+            write_records(self.dir / "metrics.parquet", self.rows)
 
     def close(self) -> None:
         import ray

@@ -1,4 +1,4 @@
-"""Warm start: behaviour cloning of the BabyAI bot before the RL/OPD loop.
+"""Warm start: behaviour cloning of the environment's expert (the BabyAI bot) before the RL/OPD loop.
 
 The tiny students begin from random weights and would never emit a parsable tool call by
 sampling alone (every OPD token advantage is then ~0: the oracle teacher is as uniform as
@@ -19,12 +19,12 @@ from buffer.contracts import Trajectory
 
 
 class WarmStartConfig(BaseModel):
-    """SFT on bot demonstrations before the main loop; `num_episodes: 0` turns it off."""
+    """SFT on expert demonstrations before the main loop; `num_episodes: 0` turns it off."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_episodes: int = Field(default=0, ge=0)
-    """Bot episodes to run on the train split (only the successful ones are kept)."""
+    """Expert episodes to run on the train split (only the successful ones are kept)."""
     first_seed: int = Field(default=500_000_000, ge=0)
     """Seeds first_seed.. of the train split: away from the rollout workers' seeds 0, 1, ..."""
     epochs: int = Field(default=3, ge=1)
@@ -39,14 +39,15 @@ class WarmStartConfig(BaseModel):
     starting point for runs that compare algorithms)."""
 
 
-def demonstrations(config: WarmStartConfig, rollout, tokenizer) -> list[Trajectory]:
-    """The bot's successful episodes as token-level trajectories (policy version 0)."""
+def demonstrations(config: WarmStartConfig, rollout, env, tokenizer) -> list[Trajectory]:
+    """The environment expert's successful episodes as token-level trajectories (policy version 0);
+    `rollout`: the RolloutConfig (split, loop), `env`: the job's EnvConfig."""
     from actors.agent_loop import EpisodeTask, run_episodes
     from actors.expert import DemonstrationPolicy
-    from envs.babyai_text import BabyAITextEnv
+    from envs.registry import make_env
 
     tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
-    results = run_episodes(lambda: BabyAITextEnv(rollout.env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
+    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
                            rollout.loop, batch_size=32)
     return [r.trajectory for r in results if r.success]
 

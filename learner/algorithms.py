@@ -1,4 +1,10 @@
-"""Algorithms: group-end advantages and token-level losses (docs/algorithms.md §2-3), in a registry.
+"""Algorithms (docs/algorithms.md §2-3): one registered `Algorithm` object per name.
+
+An algorithm says everything the rest of the system asks of it: the group-end stages a
+rollout worker runs on each finished group before the buffer (advantages, turn selection,
+teacher scoring, later a judge), its token-level loss, and its gauges per learner step.
+The driver, the workers and the learner look it up by `learner.algorithm.name`; adding
+one is a loss function plus one `register_algorithm` call.
 
 Every loss sees a `TokenBatch` of padded [num_sequences, num_tokens] tensors where position
 t holds token t; `logprobs[:, t]` is the current policy's log-prob of token t (from the
@@ -13,12 +19,14 @@ truncated at that value (bounding the weight of very stale or mismatched tokens)
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from buffer.contracts import Trajectory
 
@@ -28,7 +36,8 @@ class AlgorithmConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["grpo", "turn_level", "opd", "joint", "sft"] = "opd"
+    name: str = "opd"
+    """A registered algorithm: grpo, turn_level, opd, joint, sft, or one added with `register_algorithm`."""
     clip_eps_low: float = Field(default=0.2, ge=0)
     clip_eps_high: float = Field(default=0.28, ge=0)
     tis_cap: float | None = Field(default=None, gt=1.0)
@@ -50,6 +59,13 @@ class AlgorithmConfig(BaseModel):
     """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
     turn_level_k: int = Field(default=4, ge=1)
     """turn_level: turns trained per episode."""
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {value!r}; known algorithms: {sorted(ALGORITHMS)}")
+        return value
 
 
 @dataclass
@@ -175,38 +191,116 @@ def sft_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) ->
     return LossOutput(loss, units, {})
 
 
-LOSSES: dict[str, Callable[[torch.Tensor, TokenBatch, AlgorithmConfig], LossOutput]] = {
-    "grpo": grpo_loss,
-    "turn_level": turn_level_loss,
-    "opd": opd_loss,
-    "joint": joint_loss,
-    "sft": sft_loss,
-}
+GroupStage = Callable[[list[Trajectory]], Awaitable[list[Trajectory]]]
+"""One step of a worker's group-end pipeline: a finished group's trajectories in, the group to
+store out (an empty list drops the group: it carries no signal)."""
 
 
-def group_advantages(trajectories: list[Trajectory], cfg: AlgorithmConfig) -> list[Trajectory]:
-    """Group-end hook: GRPO advantages A = (R - mean) / (std + 1e-6) over one group's episodes.
+@dataclass(frozen=True)
+class StageContext:
+    """What a rollout worker offers the stages it builds."""
 
-    Returns the group with `advantage` set; an empty list when the group carries no signal
-    and `drop_zero_variance_groups` is on (GRPO and joint only; other losses keep every group).
+    worker_index: int
+    score: GroupStage | None = None
+    """The worker's teacher service (trajectories with teacher log-probs); None without a teacher."""
+
+
+StageFactory = Callable[[AlgorithmConfig, StageContext], GroupStage]
+LossFn = Callable[[torch.Tensor, TokenBatch, AlgorithmConfig], LossOutput]
+
+
+def _stage(fn: Callable[[list[Trajectory], AlgorithmConfig, StageContext], list[Trajectory]]) -> StageFactory:
+    """A synchronous stage (pure per-group computation) as a StageFactory."""
+
+    def factory(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
+        async def stage(trajectories: list[Trajectory]) -> list[Trajectory]:
+            return fn(trajectories, cfg, ctx)
+        return stage
+
+    factory.__name__ = fn.__name__
+    return factory
+
+
+def group_advantages(trajectories: list[Trajectory], drop_flat: bool) -> list[Trajectory]:
+    """GRPO advantages A = (R - mean) / (std + 1e-6) over one group's episodes.
+
+    Returns the group with `advantage` set; an empty list when every reward is equal and
+    `drop_flat` is set (such a group carries no GRPO signal, as in DAPO).
     """
-    import dataclasses
-
     rewards = [t.outcome_reward + t.format_reward for t in trajectories]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    if cfg.name in ("grpo", "joint") and cfg.drop_zero_variance_groups and std < 1e-8:
+    if drop_flat and std < 1e-8:
         return []
     return [dataclasses.replace(t, advantage=(r - mean) / (std + 1e-6)) for t, r in zip(trajectories, rewards)]
 
 
 def select_turns(trajectory: Trajectory, k: int, seed: int) -> Trajectory:
     """turn_level: keep k turns trainable, chosen by a RNG seeded from the trajectory id."""
-    import dataclasses
-    import random
-
     if trajectory.num_turns <= k:
         return trajectory
     keep = set(random.Random(f"{seed}:{trajectory.trajectory_id}").sample(range(trajectory.num_turns), k))
     turns = tuple(dataclasses.replace(t, trainable=t.trainable and i in keep) for i, t in enumerate(trajectory.turns))
     return dataclasses.replace(trajectory, turns=turns)
+
+
+@_stage
+def grpo_advantages(trajectories, cfg, ctx):
+    """Group advantages; groups without reward variance dropped when `drop_zero_variance_groups`."""
+    return group_advantages(trajectories, cfg.drop_zero_variance_groups)
+
+
+@_stage
+def episode_advantages(trajectories, cfg, ctx):
+    """Group advantages (diagnostics for algorithms that do not train on them); no group dropped."""
+    return group_advantages(trajectories, drop_flat=False)
+
+
+@_stage
+def turn_selection(trajectories, cfg, ctx):
+    return [select_turns(t, cfg.turn_level_k, ctx.worker_index) for t in trajectories]
+
+
+def teacher_scores(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
+    """Teacher log-probs (and top-k) on every turn, from the worker's teacher service."""
+    if ctx.score is None:
+        raise ValueError(f"algorithm {cfg.name!r} needs a teacher: set the teacher section")
+    return ctx.score
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What one algorithm asks of the system."""
+
+    loss: LossFn
+    stages: tuple[StageFactory, ...] = ()
+    """Group-end stages, in order, run by the rollout worker on each finished group."""
+    gauges: Callable[[AlgorithmConfig, int], dict[str, float]] = lambda cfg, step: {}
+    """Per-step gauges (e.g. the current λ) given the main-loop step; exported and recorded."""
+
+    def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
+        """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
+        if cfg.topk_kl_coef and teacher_scores not in self.stages:
+            return self.stages + (teacher_scores,)
+        return self.stages
+
+    def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
+        return teacher_scores in self.group_stages(cfg)
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(name: str, algorithm: Algorithm) -> None:
+    if name in ALGORITHMS and ALGORITHMS[name] is not algorithm:
+        raise ValueError(f"algorithm {name!r} is already registered")
+    ALGORITHMS[name] = algorithm
+
+
+register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
+register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages)))
+register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
+                                    gauges=lambda cfg, step: {"opd_lambda": 1.0}))
+register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
+                                      gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}))
+register_algorithm("sft", Algorithm(sft_loss))

@@ -164,16 +164,16 @@ def training_corpus(seed: int, num_episodes: int = 400) -> list[str]:
     """Whole conversations from random-action BabyAI-Text episodes, rendered with the template."""
     import jinja2
 
-    from envs.babyai_text import BabyAITextEnv
     from envs.parser import ToolCallParser
     from envs.prompt import HistoryTurn, PromptConfig, render_messages
+    from envs.registry import default_env_config, make_env
 
     env_ = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env_.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
     env_.globals["raise_exception"] = _raise
     template = env_.from_string(CHAT_TEMPLATE_PATH.read_text())
     rng = random.Random(seed)
-    env = BabyAITextEnv()
+    env = make_env(default_env_config())
     parser = ToolCallParser(env.tools)
     names = [t["function"]["name"] for t in env.tools]
     config = PromptConfig(history_window="all")

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.expansion import TrainSequence
-from learner.algorithms import LOSSES, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
 from learner.models import ModelConfig, load_model
 
 
@@ -183,7 +183,6 @@ class Trainer:
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, config))
         self.version = 0
-        self.loss_fn = LOSSES[config.algorithm.name]
 
     def _all_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
@@ -203,7 +202,7 @@ class Trainer:
         """
         start = time.perf_counter()
         cfg = algorithm or self.config.algorithm
-        loss_fn = LOSSES[cfg.name]
+        loss_fn = ALGORITHMS[cfg.name].loss
         batches = [collate(mb, self.version, self.pad_token_id)
                    for mb in micro_batches(sequences, self.config.micro_batch_tokens)]
         num_passes = int(self._all_max(len(batches)))

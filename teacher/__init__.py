@@ -1,1 +1,1 @@
-"""Teacher-logprob service: backends (HF, vLLM prompt log-probs, BabyAI oracle), privileged context."""
+"""Teacher-logprob service: backends (HF, vLLM prompt log-probs, the environment's expert as oracle), privileged context."""

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.contracts import Trajectory
 from envs.prompt import PromptConfig
+from envs.registry import EnvConfig
 from learner.models import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
@@ -120,27 +121,29 @@ def with_teacher_logprobs(trajectory: Trajectory, scores: list[TokenScores]) -> 
     return dataclasses.replace(trajectory, turns=turns)
 
 
-def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_system_prompt: str, env_tools,
-                 env_config=None, prompt: PromptConfig = PromptConfig()) -> TrajectoryScorer:
+def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig,
+                 prompt: PromptConfig = PromptConfig()) -> TrajectoryScorer:
     """The scorer a TeacherService runs; checks the tokenizers before anything is scored.
 
-    `env_config` is the rollout's environment config: the oracle replays each task in the
-    same level the student played (room size, distractors, task types and sampling).
+    `env_config` is the job's environment: the oracle replays each task in the same
+    environment the student played, and privileged context shows its system prompt and tools.
     `prompt` is the rollout's prompt config: privileged context rewrites the system turn the
     way the student's prompts render it.
     """
+    from envs.registry import make_env
     from learner.models import load_model, load_tokenizer, resolve_model_dir
 
+    env = make_env(env_config)
     student_tok = load_tokenizer(student_model)
     if config.backend == "oracle":
-        from teacher.oracle import BabyAIOracleTeacher
+        from teacher.oracle import ExpertOracleTeacher
 
-        return BabyAIOracleTeacher(student_tok, config.oracle, env_config)
+        return ExpertOracleTeacher(student_tok, config.oracle, env)
     teacher_tok = load_tokenizer(config.model)
     check_same_tokenizer(student_tok, teacher_tok)
     prompts = None
     if config.skills:
-        prompts = TeacherPromptBuilder(teacher_tok, env_system_prompt, env_tools,
+        prompts = TeacherPromptBuilder(teacher_tok, env.system_prompt, env.tools,
                                        SkillBank(list(config.skills), config.max_skills), prompt)
     if config.backend == "hf":
         from teacher.backends import HFTeacherBackend
@@ -245,18 +248,18 @@ class TeacherService:
 class _ServiceActor(TeacherService):
     """Builds its own scorer inside the actor (models load where they run)."""
 
-    def __init__(self, config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                 name: str, env_config=None, prompt: PromptConfig = PromptConfig()) -> None:
-        super().__init__(config, build_scorer(config, student_model, system_prompt, tools, env_config, prompt), name)
+    def __init__(self, config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig, name: str,
+                 prompt: PromptConfig = PromptConfig()) -> None:
+        super().__init__(config, build_scorer(config, student_model, env_config, prompt), name)
 
 
-def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, system_prompt: str, tools,
-                           index: int = 0, env_config=None, prompt: PromptConfig = PromptConfig(), **options):
-    """Start the TeacherService actor `teacher-<index>`; `env_config` and `prompt`: the rollout's
-    environment and prompt configs."""
+def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig,
+                           index: int = 0, prompt: PromptConfig = PromptConfig(), **options):
+    """Start the TeacherService actor `teacher-<index>`; `env_config` and `prompt`: the job's
+    environment and the rollout's prompt config."""
     import ray
 
     options.setdefault("num_cpus", 1)
     options.update(max_restarts=config.max_restarts, max_task_retries=-1)
-    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, system_prompt, tools,
-                                                               f"teacher-{index}", env_config, prompt)
+    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, env_config,
+                                                               f"teacher-{index}", prompt)

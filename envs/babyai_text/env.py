@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from envs.babyai_text.level import NUM_DISTRACTORS, ROOM_SIZE, MixedTrainLocalLevel, num_rooms
-from envs.babyai_text.tasks import TASK_TYPES, task_spec
+from envs.babyai_text.tasks import SPLITS, TASK_TYPES, split_size, task_spec
 from envs.babyai_text.text_obs import describe
-from envs.protocol import EnvReset, EnvStep, TaskInfo, ToolCall
+from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
+from envs.registry import EnvConfig
 from envs.tools import function_tool
 
 ACTION_TOOLS: tuple[tuple[str, str], ...] = (
@@ -36,11 +37,12 @@ SYSTEM_PROMPT = (
 )
 
 
-class BabyAITextConfig(BaseModel):
+class BabyAITextConfig(EnvConfig):
     """Settings of the BabyAI-Text environment; the defaults are the study's MixedTrainLocal level."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    name: Literal["babyai_text"] = "babyai_text"
     task_types: tuple[str, ...] = Field(default=TASK_TYPES, min_length=1)
     task_sampling: Literal["uniform", "balanced"] = "uniform"
     room_size: int = Field(default=ROOM_SIZE, ge=5, le=16)
@@ -64,6 +66,7 @@ class BabyAITextEnv:
     """One BabyAI-Text episode at a time; reusable across resets (one level per room count)."""
 
     system_prompt = SYSTEM_PROMPT
+    splits = SPLITS
 
     def __init__(self, config: BabyAITextConfig | None = None) -> None:
         self.config = config or BabyAITextConfig()
@@ -88,6 +91,9 @@ class BabyAITextEnv:
         if self._info is None:
             raise RuntimeError("no episode yet: call reset() first")
         return self._info
+
+    def split_size(self, split: str) -> int | None:
+        return split_size(split)
 
     def reset(self, seed: int, split: str = "train") -> EnvReset:
         spec = task_spec(split, seed, self.config.task_types, self.config.task_sampling)
@@ -114,6 +120,12 @@ class BabyAITextEnv:
         if call.arguments:
             raise ValueError(f"tool {call.name!r} takes no arguments, got {call.arguments}")
         return self.step_action(action)
+
+    def expert(self) -> Expert:
+        """The BabyAI bot, planning from the episode just reset."""
+        from envs.babyai_text.expert import BabyAIExpert
+
+        return BabyAIExpert(self)
 
     def step_action(self, action: int) -> EnvStep:
         """Apply a minigrid action index directly (the expert bot's path)."""

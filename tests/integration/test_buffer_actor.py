@@ -4,6 +4,7 @@ import pytest
 
 from buffer.actor import BufferConfig, SampleBatch, create_buffer_actor, encode_trajectories, fetch_samples
 from buffer.contracts import Trajectory, Turn, table_to_samples
+from buffer.core import GroupLease
 
 
 def trajectory(tid: str, num_turns: int, version: int) -> Trajectory:
@@ -21,7 +22,7 @@ def ray_mod(ray_session):
 
 def test_producers_and_a_consumer(ray_mod):
     ray = ray_mod
-    buffer = create_buffer_actor(BufferConfig(capacity_samples=1000, max_staleness=2, batch_size=16))
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=1000, max_staleness=2, batch_size=64))
 
     @ray.remote(num_cpus=0)
     class Producer:
@@ -29,9 +30,10 @@ def test_producers_and_a_consumer(ray_mod):
             self.name, self.buffer = name, buffer
 
         def run(self, trajectories):
-            for t in trajectories:
-                granted = ray.get(self.buffer.admit.remote(1))
-                ray.get(self.buffer.put.remote(encode_trajectories([t]), num_episodes=granted))
+            for i, t in enumerate(trajectories):
+                lease = GroupLease(t.group_id, self.name, "train", i, group_size=1, index=i)
+                assert ray.get(self.buffer.admit_group.remote(lease))
+                assert ray.get(self.buffer.put_group.remote(encode_trajectories([t]), t.group_id))
             return len(trajectories)
 
     producers = [Producer.remote(f"p{j}", buffer) for j in range(3)]
@@ -92,14 +94,24 @@ def test_staleness_filter_and_version_sweep(ray_mod):
 def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
     ray = ray_mod
     buffer = create_buffer_actor(BufferConfig(batch_size=4, max_staleness=1, samples_per_episode_prior=2.0))
-    # (1 + 0 + 1) * 4 = 8 samples = 4 episodes of 2.
-    assert ray.get(buffer.admit.remote(10)) == 4
-    assert ray.get(buffer.admit.remote(1)) == 0
-    ray.get(buffer.put.remote(encode_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)]), num_episodes=4))
-    assert ray.get(buffer.admit.remote(1)) == 0
+    def lease(index: int, size: int) -> GroupLease:
+        return GroupLease(f"w:{index}", "w", "train", index, group_size=size, index=index)
+
+    # (1 + 0 + 1) * 4 = 8 samples = 4 episodes of 2; a group is admitted whole or not at all.
+    assert not ray.get(buffer.admit_group.remote(lease(0, 5)))
+    assert ray.get(buffer.admit_group.remote(lease(0, 4)))
+    assert not ray.get(buffer.admit_group.remote(lease(1, 1)))
+    group = encode_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)])
+    assert ray.get(buffer.put_group.remote(group, "w:0"))
+    assert not ray.get(buffer.put_group.remote(group, "w:0"))  # stored once
+    assert not ray.get(buffer.admit_group.remote(lease(1, 1)))
     assert ray.get(buffer.get.remote(4, learner_version=0, timeout_s=1)).num_samples == 4
-    assert ray.get(buffer.admit.remote(1)) == 0  # consuming alone does not open room...
+    assert not ray.get(buffer.admit_group.remote(lease(1, 1)))  # consuming alone does not open room...
     ray.get(buffer.set_version.remote(1))
-    assert ray.get(buffer.admit.remote(10)) == 2  # ...a new learner version does: 4 samples
-    ray.get(buffer.abort.remote(2))
-    assert ray.get(buffer.stats.remote())["num_running_episodes"] == 0
+    assert ray.get(buffer.admit_group.remote(lease(1, 2)))  # ...a new learner version does: 4 samples
+    assert not ray.get(buffer.admit_group.remote(lease(2, 1)))
+    # A worker gone for good gives its leased groups' room back.
+    assert ray.get(buffer.abort_owner.remote("w")) == 1
+    stats = ray.get(buffer.stats.remote())
+    assert stats["num_running_episodes"] == 0 and stats["num_outstanding_groups"] == 0 \
+        and stats["num_duplicate_groups"] == 1

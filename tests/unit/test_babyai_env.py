@@ -7,7 +7,7 @@ from minigrid.envs.babyai.core.verifier import ObjDesc, PickupInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 from pydantic import ValidationError
 
-from envs.babyai_text import EVAL50_COUNTS, TASK_TYPES, BabyAIExpert, BabyAITextConfig, BabyAITextEnv
+from envs.babyai_text import EVAL50_COUNTS, TASK_TYPES, BabyAITextConfig, BabyAITextEnv
 from envs.babyai_text.env import TOOL_TO_ACTION
 from envs.babyai_text.level import HELD_OUT_PHRASES
 from envs.babyai_text.tasks import task_spec
@@ -119,10 +119,10 @@ def test_level_parameters_set_room_size_and_distractors(room_size, num_distracto
         objects = [o for o in env.level.grid.grid if o is not None and o.type in ("key", "ball", "box")]
         assert len(objects) == num_distractors + 1 and r.info.task_type in ("go_to", "pick_up")
         # The bot still solves every generated task.
-        expert, last = BabyAIExpert(env), None
+        expert, last = env.expert(), None
         for _ in range(r.info.max_steps):
             last = expert.act(last)
-            step = env.step(ToolCall(last))
+            step = env.step(last)
             if step.done:
                 break
         assert step.success
@@ -137,10 +137,10 @@ def test_bot_solves_every_type(task_type):
     env = BabyAITextEnv()
     for seed in seeds_of_type(task_type, 15):
         env.reset(seed, "train")
-        expert, last = BabyAIExpert(env), None
+        expert, last = env.expert(), None
         for _ in range(MAX_STEPS[task_type]):
             last = expert.act(last)
-            step = env.step(ToolCall(last))
+            step = env.step(last)
             if step.done:
                 break
         assert step.done and step.success and not step.truncated, (task_type, seed)
@@ -198,11 +198,11 @@ def test_observation_changes_with_actions_and_carrying():
     env = BabyAITextEnv()
     seed = seeds_of_type("pick_up", 1)[0]
     r = env.reset(seed, "train")
-    expert, last, step = BabyAIExpert(env), None, None
+    expert, last, step = env.expert(), None, None
     observations = [r.observation]
     while step is None or not step.done:
         last = expert.act(last)
-        step = env.step(ToolCall(last))
+        step = env.step(last)
         observations.append(step.observation)
     assert step.success and observations[-1].startswith("You carry a ")
     assert len(set(observations)) > 1

@@ -20,10 +20,9 @@ from buffer.contracts import (
     trajectories_to_table,
 )
 from buffer.expansion import can_pack, expand, pack, sample_sequence, to_sequences
-from envs.babyai_text import BabyAIExpert, BabyAITextEnv
+from envs.babyai_text import BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages
-from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_model, load_tokenizer
 
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-50, max_value=0)
@@ -103,7 +102,7 @@ def test_turn_checks_lengths():
 def _expert_trajectory(tok, env, seed, window, num_turns=6, teacher=True):
     """A real episode with prompts rendered by the chat template and canonical responses."""
     reset = env.reset(seed, "train")
-    expert, last, history, out = BabyAIExpert(env), None, [], []
+    expert, last, history, out = env.expert(), None, [], []
     end = tok.convert_tokens_to_ids("<|im_end|>")
     for k in range(num_turns):
         messages = render_messages(PromptConfig(history_window=window), env.system_prompt, reset.task,
@@ -111,14 +110,14 @@ def _expert_trajectory(tok, env, seed, window, num_turns=6, teacher=True):
         prompt = tok.apply_chat_template(messages, tools=env.tools, add_generation_prompt=True, tokenize=True,
                                          return_dict=False)
         last = expert.act(last)
-        text = format_tool_call(ToolCall(last))
+        text = format_tool_call(last)
         response = tuple(tok.encode(text, add_special_tokens=False)) + (end,)
         logps = tuple(-0.5 - 0.01 * j for j in range(len(response)))
         out.append(Turn(turn_index=k, prompt_ids=tuple(prompt), response_ids=response, behaviour_logprobs=logps,
                         policy_version=k // 2, teacher_logprobs=logps if teacher else None,
                         trainable=k != 1))
-        step = env.step(ToolCall(last))
-        history.append(HistoryTurn(text, ToolCall(last), None, None, step.observation))
+        step = env.step(last)
+        history.append(HistoryTurn(text, last, None, None, step.observation))
         if step.done:
             break
     return Trajectory(f"t-{window}", "g0", "train", seed, reset.info.task_type, tuple(out), step.success, 1.0, 0.5)

@@ -46,7 +46,7 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.loop.max_context_tokens=4096"], r"max_context_tokens \(4096\) must be <= rollout.vllm.max_model_len"),
-    (["rollout.env.room_size=2"], "rollout.env.room_size"),
+    (["env.room_size=2"], "env.room_size"),
     (["rollout.loop.prompt.tools=json"], "rollout.loop.prompt.tools"),
     (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
     (["run.max_wall_s=0"], "run.max_wall_s"),

@@ -1,12 +1,14 @@
 """Losses on small hand-computed tensors: sign, masking, normalisation, clipping."""
 
+import asyncio
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from buffer.contracts import Trajectory, Turn
-from learner.algorithms import LOSSES, AlgorithmConfig, TokenBatch, group_advantages, select_turns
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, TokenBatch, group_advantages, select_turns
 
 
 def batch(behaviour, adv=None, teacher=None, mask=None, turn_rewards=None):
@@ -25,7 +27,7 @@ def test_grpo_on_policy_gradient_follows_the_advantage():
     cfg = AlgorithmConfig(name="grpo")
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     b = batch([[-1.0, -2.0]], adv=[[1.0, -0.5]])
-    out = LOSSES["grpo"](logp, b, cfg)
+    out = ALGORITHMS["grpo"].loss(logp, b, cfg)
     assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(-(1.0 - 0.5))  # ratio 1
     out.loss_sum.backward()
     assert logp.grad[0].tolist() == pytest.approx([-1.0, 0.5])  # descending raises the A>0 token
@@ -35,7 +37,7 @@ def test_masked_tokens_do_not_count():
     cfg = AlgorithmConfig(name="grpo")
     logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     b = batch([[-1.0, -2.0, -3.0]], adv=[[1.0, 5.0, 1.0]], mask=[[True, False, True]])
-    out = LOSSES["grpo"](logp, b, cfg)
+    out = ALGORITHMS["grpo"].loss(logp, b, cfg)
     assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(-2.0)
     out.loss_sum.backward()
     assert logp.grad[0, 1].item() == 0.0
@@ -45,25 +47,25 @@ def test_ppo_clip_and_truncation():
     cfg = AlgorithmConfig(name="grpo", clip_eps_low=0.2, clip_eps_high=0.2)
     # ratio e^0.5 = 1.65 with A > 0: clipped at 1.2 -> no gradient, counted as clipped.
     logp = torch.tensor([[-0.5]], requires_grad=True)
-    out = LOSSES["grpo"](logp, batch([[-1.0]], adv=[[2.0]]), cfg)
+    out = ALGORITHMS["grpo"].loss(logp, batch([[-1.0]], adv=[[2.0]]), cfg)
     assert out.loss_sum.item() == pytest.approx(-1.2 * 2.0) and out.stats["clip_frac"] == 1
     out.loss_sum.backward()
     assert logp.grad.item() == 0.0
     # ratio 1.65 with A < 0: the unclipped (worse) branch is kept.
-    out = LOSSES["grpo"](torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), cfg)
+    out = ALGORITHMS["grpo"].loss(torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), cfg)
     assert out.loss_sum.item() == pytest.approx(math.exp(0.5))
     # TIS caps the ratio first.
     capped = AlgorithmConfig(name="grpo", tis_cap=1.5)
-    out = LOSSES["grpo"](torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), capped)
+    out = ALGORITHMS["grpo"].loss(torch.tensor([[-0.5]]), batch([[-1.0]], adv=[[-1.0]]), capped)
     assert out.loss_sum.item() == pytest.approx(1.5)
 
 
 def test_seq_mean_weights_sequences_equally():
     cfg = AlgorithmConfig(name="sft", aggregation="seq_mean")
     logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0]])
-    out = LOSSES["sft"](logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), cfg)
+    out = ALGORITHMS["sft"].loss(logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), cfg)
     assert out.num_units == 2 and out.loss_sum.item() == pytest.approx(2.0 + 2.0)
-    token = LOSSES["sft"](logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), AlgorithmConfig(name="sft"))
+    token = ALGORITHMS["sft"].loss(logp, batch([[0, 0], [0, 0]], mask=[[True, True], [True, False]]), AlgorithmConfig(name="sft"))
     assert token.num_units == 3 and token.loss_sum.item() == pytest.approx(6.0)
 
 
@@ -71,24 +73,24 @@ def test_opd_advantage_is_teacher_minus_behaviour_and_logs_reverse_kl():
     cfg = AlgorithmConfig(name="opd", opd_scale=1.0)
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     b = batch([[-1.0, -1.0]], teacher=[[-0.2, -3.0]])
-    out = LOSSES["opd"](logp, b, cfg)
+    out = ALGORITHMS["opd"].loss(logp, b, cfg)
     # A = [0.8, -2.0] at ratio 1.
     assert out.loss_sum.item() == pytest.approx(-(0.8 - 2.0))
     assert out.stats["reverse_kl"] == pytest.approx((-1.0 + 0.2) + (-1.0 + 3.0))
     out.loss_sum.backward()
     assert logp.grad[0].tolist() == pytest.approx([-0.8, 2.0])  # teacher-preferred token goes up
     with pytest.raises(ValueError, match="teacher log-probs"):
-        LOSSES["opd"](logp, batch([[-1.0, -1.0]]), cfg)
+        ALGORITHMS["opd"].loss(logp, batch([[-1.0, -1.0]]), cfg)
 
 
 def test_opd_advantage_clip_bounds_the_divergence_token():
     # The oracle's divergence token: teacher log(ε/V) ≈ -13.8 against behaviour -0.1.
     logp = torch.tensor([[-0.1, -2.0]], requires_grad=True)
     b = batch([[-0.1, -2.0]], teacher=[[-13.8, -0.05]])
-    out = LOSSES["opd"](logp, b, AlgorithmConfig(name="opd", opd_advantage_clip=3.0))
+    out = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd", opd_advantage_clip=3.0))
     out.loss_sum.backward()
     assert logp.grad[0].tolist() == pytest.approx([3.0, -1.95])  # -13.7 bounded to -3; 1.95 untouched
-    unbounded = LOSSES["opd"](logp.detach(), b, AlgorithmConfig(name="opd"))
+    unbounded = ALGORITHMS["opd"].loss(logp.detach(), b, AlgorithmConfig(name="opd"))
     assert unbounded.loss_sum.item() == pytest.approx(13.7 - 1.95)
     # reverse KL is still the unbounded estimate (a diagnostic, not the loss).
     assert out.stats["reverse_kl"] == unbounded.stats["reverse_kl"]
@@ -97,16 +99,16 @@ def test_opd_advantage_clip_bounds_the_divergence_token():
 def test_joint_is_grpo_plus_lambda_opd():
     logp = torch.tensor([[-1.0, -1.0]])
     b = batch([[-1.0, -1.0]], adv=[[1.0, 1.0]], teacher=[[0.0, 0.0]])
-    g = LOSSES["grpo"](logp, b, AlgorithmConfig(name="grpo")).loss_sum.item()
-    o = LOSSES["opd"](logp, b, AlgorithmConfig(name="opd")).loss_sum.item()
-    j = LOSSES["joint"](logp, b, AlgorithmConfig(name="joint", opd_lambda=0.25)).loss_sum.item()
+    g = ALGORITHMS["grpo"].loss(logp, b, AlgorithmConfig(name="grpo")).loss_sum.item()
+    o = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd")).loss_sum.item()
+    j = ALGORITHMS["joint"].loss(logp, b, AlgorithmConfig(name="joint", opd_lambda=0.25)).loss_sum.item()
     assert j == pytest.approx(g + 0.25 * o)
-    retired = LOSSES["joint"](logp, batch([[-1.0, -1.0]], adv=[[1.0, 1.0]]), AlgorithmConfig(name="joint", opd_lambda=0))
+    retired = ALGORITHMS["joint"].loss(logp, batch([[-1.0, -1.0]], adv=[[1.0, 1.0]]), AlgorithmConfig(name="joint", opd_lambda=0))
     assert retired.loss_sum.item() == pytest.approx(g)  # λ = 0 needs no teacher
 
 
 def test_turn_level_uses_turn_rewards():
-    out = LOSSES["turn_level"](torch.tensor([[-1.0, -1.0]]), batch([[-1.0, -1.0]], turn_rewards=[[0.5, -1.0]]),
+    out = ALGORITHMS["turn_level"].loss(torch.tensor([[-1.0, -1.0]]), batch([[-1.0, -1.0]], turn_rewards=[[0.5, -1.0]]),
                                AlgorithmConfig(name="turn_level"))
     assert out.loss_sum.item() == pytest.approx(0.5)
 
@@ -116,13 +118,32 @@ def traj(tid, outcome, n=3):
     return Trajectory(tid, "g", "train", 0, "go_to", turns, outcome > 0, outcome, 0.5)
 
 
+def run_stages(name: str, trajectories, score=None, **knobs):
+    cfg = AlgorithmConfig(name=name, **knobs)
+    ctx = StageContext(worker_index=0, score=score)
+    out = trajectories
+    for factory in ALGORITHMS[name].group_stages(cfg):
+        out = asyncio.run(factory(cfg, ctx)(out))
+    return out
+
+
 def test_group_advantages_and_zero_variance_groups():
-    out = group_advantages([traj("a", 1.0), traj("b", -1.0), traj("c", -1.0), traj("d", 1.0)],
-                           AlgorithmConfig(name="grpo"))
+    out = group_advantages([traj("a", 1.0), traj("b", -1.0), traj("c", -1.0), traj("d", 1.0)], drop_flat=True)
     assert [t.advantage for t in out] == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
-    assert group_advantages([traj("a", 1.0), traj("b", 1.0)], AlgorithmConfig(name="grpo")) == []
-    kept = group_advantages([traj("a", 1.0), traj("b", 1.0)], AlgorithmConfig(name="opd"))
-    assert [t.advantage for t in kept] == [0.0, 0.0]
+    assert run_stages("grpo", [traj("a", 1.0), traj("b", 1.0)]) == []
+    assert len(run_stages("grpo", [traj("a", 1.0), traj("b", 1.0)], drop_zero_variance_groups=False)) == 2
+
+    async def score(trajectories):
+        return [dataclasses.replace(t, group_id="scored") for t in trajectories]
+
+    kept = run_stages("opd", [traj("a", 1.0), traj("b", 1.0)], score=score)
+    assert [t.advantage for t in kept] == [0.0, 0.0] and {t.group_id for t in kept} == {"scored"}
+    assert [t.group_id for t in run_stages("grpo", [traj("a", 1.0), traj("b", -1.0)])] == ["g", "g"]
+    # The top-k term needs the teacher under any algorithm; without one the stage says so.
+    assert {t.group_id for t in run_stages("grpo", [traj("a", 1.0), traj("b", -1.0)], score=score,
+                                           topk_kl_coef=1.0)} == {"scored"}
+    with pytest.raises(ValueError, match="needs a teacher"):
+        run_stages("opd", [traj("a", 1.0)])
 
 
 def test_select_turns_is_deterministic():

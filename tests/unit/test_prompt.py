@@ -3,17 +3,16 @@
 import pytest
 from pydantic import ValidationError
 
-from envs.babyai_text import BabyAIExpert, BabyAITextEnv
+from envs.babyai_text import BabyAITextEnv
 from envs.parser import ToolCallParser, format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
-from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_tokenizer
 
 
 def expert_history(env, seed, num_turns, bad_turns=()):
     reset = env.reset(seed, "train")
     parser = ToolCallParser(env.tools)
-    expert, last, history = BabyAIExpert(env), None, []
+    expert, last, history = env.expert(), None, []
     for k in range(num_turns):
         if k in bad_turns:
             text = "I am not sure what to do"
@@ -22,7 +21,7 @@ def expert_history(env, seed, num_turns, bad_turns=()):
                                        else reset.observation))
             continue
         last = expert.act(last)
-        text = format_tool_call(ToolCall(last))
+        text = format_tool_call(last)
         parsed = parser.parse(text)
         step = env.step(parsed.call)
         history.append(HistoryTurn(text, parsed.call, None, None, step.observation))

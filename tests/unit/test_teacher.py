@@ -13,13 +13,13 @@ from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, run_episodes
 from actors.engine import SamplingConfig
 from actors.hf_engine import HFEngine
 from buffer.contracts import Trajectory, Turn
-from envs.babyai_text import BabyAIExpert, BabyAITextConfig, BabyAITextEnv
+from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_model, load_tokenizer
 from teacher.backends import HFTeacherBackend, ScoreRequest, TokenScores
-from teacher.oracle import BabyAIOracleTeacher, OracleConfig
+from teacher.oracle import ExpertOracleTeacher, OracleConfig
 from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
 from teacher.service import ModelTeacher, TeacherConfig, TeacherService, build_scorer, check_same_tokenizer
 
@@ -36,20 +36,23 @@ def model():
     return load_model(NANO)
 
 
+def oracle_for(tok, config: OracleConfig, env_config: BabyAITextConfig = BabyAITextConfig()) -> ExpertOracleTeacher:
+    return ExpertOracleTeacher(tok, config, BabyAITextEnv(env_config))
+
+
 def expert_trajectory(tok, seed, deviate_at=None, num_turns=8):
     """Bot actions as turns (optionally one wrong action), with executed calls recorded."""
     env = BabyAITextEnv()
     reset = env.reset(seed, "train")
-    expert, last, turns, end = BabyAIExpert(env), None, [], tok.convert_tokens_to_ids("<|im_end|>")
+    expert, last, turns, end = env.expert(), None, [], tok.convert_tokens_to_ids("<|im_end|>")
     for k in range(num_turns):
         action = expert.act(last)
         if k == deviate_at:
-            action = "turn_right" if action != "turn_right" else "turn_left"
-        text = format_tool_call(ToolCall(action))
-        ids = tuple(tok.encode(text, add_special_tokens=False)) + (end,)
+            action = ToolCall("turn_right" if action.name != "turn_right" else "turn_left")
+        ids = tuple(tok.encode(format_tool_call(action), add_special_tokens=False)) + (end,)
         turns.append(Turn(k, (1, 2, 3), ids, tuple(-1.0 for _ in ids), 0,
-                          executed_call=json.dumps({"name": action, "arguments": {}})))
-        step = env.step(ToolCall(action))
+                          executed_call=json.dumps({"name": action.name, "arguments": {}})))
+        step = env.step(action)
         last = action
         if step.done:
             break
@@ -58,43 +61,43 @@ def expert_trajectory(tok, seed, deviate_at=None, num_turns=8):
 
 
 def test_oracle_rewards_the_bots_action_and_valid_format(tok):
-    oracle = BabyAIOracleTeacher(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
+    oracle = oracle_for(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
     traj = expert_trajectory(tok, seed=0)
-    actions = oracle.bot_actions(traj)
+    actions = oracle.expert_calls(traj)
     for turn, action in zip(traj.turns, actions):
-        assert json.loads(turn.executed_call)["name"] == action
+        assert json.loads(turn.executed_call)["name"] == action.name
         logps = oracle.token_logprobs(turn.response_ids, action)
         assert len(logps) == len(turn.response_ids)
         assert all(lp > math.log(0.97) for lp in logps)  # following the bot costs almost nothing
     # Another valid action: only the token that picks it is expensive; the format tokens stay cheap.
     right = oracle.responses["turn_right"]
-    logps = oracle.token_logprobs(right, "turn_left")
+    logps = oracle.token_logprobs(right, ToolCall("turn_left"))
     cheap = [lp > math.log(0.97) for lp in logps]
     assert cheap.count(False) == 1 and math.log(0.02 / 5) - 0.1 < min(logps) < math.log(0.02 / 5) + 0.1
     # Free text leaves every valid response at its first token (log ε/V); after it the oracle has
     # no opinion (the behaviour's log-prob: zero advantage), or is uniform if so configured.
     junk = tuple(tok.encode("I am thinking about it", add_special_tokens=False))
     behaviour = tuple(-0.1 * (i + 1) for i in range(len(junk)))
-    junk_lp = oracle.token_logprobs(junk, "turn_left", behaviour)
+    junk_lp = oracle.token_logprobs(junk, ToolCall("turn_left"), behaviour)
     assert len(junk) > 2 and junk_lp[0] == pytest.approx(math.log(1e-3 / len(tok)), abs=1e-3)
     assert junk_lp[1:] == behaviour[1:]
     with pytest.raises(ValueError, match="needs the behaviour log-probs"):
-        oracle.token_logprobs(junk, "turn_left")
-    uniform = BabyAIOracleTeacher(tok, OracleConfig(after_divergence="uniform")).token_logprobs(junk, "turn_left")
+        oracle.token_logprobs(junk, ToolCall("turn_left"))
+    uniform = oracle_for(tok, OracleConfig(after_divergence="uniform")).token_logprobs(junk, ToolCall("turn_left"))
     assert uniform[1:] == pytest.approx([-math.log(len(tok))] * (len(junk) - 1))
     # No bot action (mission believed done): the prior over actions is uniform, 1/6 per whole call.
     assert sum(oracle.token_logprobs(right, None)) == pytest.approx(math.log(1 / 6), abs=0.02)
     # The sequence-level probability of the bot's call is 1 - δ (up to ε).
-    assert sum(oracle.token_logprobs(oracle.responses["toggle"], "toggle")) == pytest.approx(math.log(0.98), abs=0.02)
+    assert sum(oracle.token_logprobs(oracle.responses["toggle"], ToolCall("toggle"))) == pytest.approx(math.log(0.98), abs=0.02)
 
 
 
 def test_oracle_top_k_names_the_bots_token_where_the_student_chose_another(tok):
-    oracle = BabyAIOracleTeacher(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
+    oracle = oracle_for(tok, OracleConfig(action_smoothing=0.02, token_smoothing=1e-3))
     right, left = oracle.responses["turn_right"], oracle.responses["turn_left"]
     decision = next(t for t, (a, b) in enumerate(zip(right, left)) if a != b)
-    scores = oracle.token_scores(right, "turn_left", top_k=2)
-    assert scores.logprobs == oracle.token_logprobs(right, "turn_left")
+    scores = oracle.token_scores(right, ToolCall("turn_left"), top_k=2)
+    assert scores.logprobs == oracle.token_logprobs(right, ToolCall("turn_left"))
     assert len(scores.topk_ids) == len(right) and {len(row) for row in scores.topk_ids} == {2}
     # Before the decision every valid call agrees: one candidate, the format token, padded with -1.
     assert all(scores.topk_ids[t] == (right[t], -1) for t in range(decision))
@@ -106,18 +109,18 @@ def test_oracle_top_k_names_the_bots_token_where_the_student_chose_another(tok):
     assert all(scores.topk_ids[t] == (right[t], -1) for t in range(decision + 1, len(right)))
     # Free text: no candidates once the response left every valid call.
     junk = tuple(tok.encode("I am thinking about it", add_special_tokens=False))
-    junk_scores = oracle.token_scores(junk, "turn_left", tuple(-1.0 for _ in junk), top_k=2)
+    junk_scores = oracle.token_scores(junk, ToolCall("turn_left"), tuple(-1.0 for _ in junk), top_k=2)
     assert all(row == (-1, -1) for row in junk_scores.topk_ids[1:])
 
 def test_oracle_replays_executed_calls_and_advises_after_a_deviation(tok):
-    oracle = BabyAIOracleTeacher(tok, OracleConfig())
+    oracle = oracle_for(tok, OracleConfig())
     straight = expert_trajectory(tok, seed=0)
     deviated = expert_trajectory(tok, seed=0, deviate_at=2)
-    a, b = oracle.bot_actions(straight), oracle.bot_actions(deviated)
+    a, b = oracle.expert_calls(straight), oracle.expert_calls(deviated)
     assert a[:3] == b[:3]
     # The bot saw the wrong turn and plans from the new state: it now wants to undo or re-route.
     assert b[3] is not None
-    assert json.loads(deviated.turns[2].executed_call)["name"] != b[2]
+    assert json.loads(deviated.turns[2].executed_call)["name"] != b[2].name
 
 
 STARTER = BabyAITextConfig(room_size=6, num_distractors=1, task_types=("go_to", "pick_up"))
@@ -136,7 +139,7 @@ def student_trajectory(tok, env_config, seed, actions, task_type):
 def test_oracle_advice_at_states_the_student_reaches_solves_the_task(tok, env_config):
     """From a state reached by random actions (student mistakes), the oracle's most likely call
     is the bot's action re-planned from that state, and following it solves the task."""
-    oracle = BabyAIOracleTeacher(tok, OracleConfig(), env_config)
+    oracle = oracle_for(tok, OracleConfig(), env_config)
     rng = random.Random(0)
     names = list(oracle.responses)
     num_states = num_solved = 0
@@ -154,14 +157,14 @@ def test_oracle_advice_at_states_the_student_reaches_solves_the_task(tok, env_co
         num_states += 1
         for _ in range(60):
             traj = student_trajectory(tok, env_config, seed, actions, reset.info.task_type)
-            advice = oracle.bot_actions(traj)[-1]
+            advice = oracle.expert_calls(traj)[-1]
             if advice is None:
                 break
             scores = {a: sum(oracle.token_logprobs(oracle.responses[a], advice)) for a in names}
-            assert max(scores, key=scores.get) == advice
-            assert scores[advice] > math.log(0.95)
-            actions.append(advice)
-            step = env.step(ToolCall(advice))
+            assert max(scores, key=scores.get) == advice.name
+            assert scores[advice.name] > math.log(0.95)
+            actions.append(advice.name)
+            step = env.step(advice)
             if step.done:
                 num_solved += step.success
                 break
@@ -174,16 +177,17 @@ def test_oracle_replays_the_level_the_student_played(tok):
     the default level instead, it replays a different task and its advice is wrong."""
     env = BabyAITextEnv(STARTER)
     reset = env.reset(3, "train")
-    expert, last, actions = BabyAIExpert(env), None, []
+    expert, last, actions = env.expert(), None, []
     for _ in range(20):
         last = expert.act(last)
         actions.append(last)
-        if env.step(ToolCall(last)).done:
+        if env.step(last).done:
             break
-    traj = student_trajectory(tok, STARTER, 3, actions[:-1], reset.info.task_type)
-    served = build_scorer(TeacherConfig(backend="oracle"), NANO, env.system_prompt, env.tools, env_config=STARTER)
-    assert served.bot_actions(traj) == actions
-    assert BabyAIOracleTeacher(tok, OracleConfig()).bot_actions(traj) != actions
+    traj = student_trajectory(tok, STARTER, 3, [a.name for a in actions[:-1]], reset.info.task_type)
+    # The teacher service builds its oracle from the job's env section, as every other part does.
+    served = build_scorer(TeacherConfig(backend="oracle"), NANO, STARTER)
+    assert served.expert_calls(traj) == actions
+    assert oracle_for(tok, OracleConfig()).expert_calls(traj) != actions
 
 
 def test_hf_backend_matches_a_forward_pass(tok, model):

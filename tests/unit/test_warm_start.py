@@ -3,6 +3,7 @@
 from actors.agent_loop import LoopConfig
 from actors.rollout_worker import RolloutConfig
 from buffer.expansion import expand, to_sequences
+from envs.babyai_text import BabyAITextConfig
 from envs.prompt import PromptConfig
 from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps
 from learner.models import ModelConfig, load_tokenizer
@@ -12,7 +13,7 @@ def test_demonstrations_are_successful_packable_bot_episodes():
     tok = load_tokenizer(ModelConfig(path="tiny:nano"))
     rollout = RolloutConfig(loop=LoopConfig(max_turns=6, prompt=PromptConfig(history_window="all")))
     config = WarmStartConfig(num_episodes=12, first_seed=1000)
-    demos = demonstrations(config, rollout, tok)
+    demos = demonstrations(config, rollout, BabyAITextConfig(), tok)
     # A 6-turn limit cuts some bot episodes short: only the successes are kept.
     assert 0 < len(demos) < 12 and all(d.success and d.num_turns <= 6 for d in demos)
     assert all(1000 <= d.task_seed < 1012 and d.split == "train" for d in demos)

@@ -1,0 +1,167 @@
+"""The step record: one row of a run's metrics.parquet per learner step, typed and schema-checked.
+
+Counters come in two kinds. Rollout workers and the buffer report *deltas* since the last
+step (`Counts`), never totals: a restarted worker, a recreated buffer and a resumed run all
+start their own counters at 0, and a rate computed from deltas stays right across all three.
+The record's running totals (`episodes`, `rollout_tokens`, ...) are the previous record's
+totals plus this step's deltas, so they also continue across `--resume`.
+
+`read_records` reads a metrics.parquet written by an older version of this schema: columns it
+lacks are filled with nulls, columns it has that this schema dropped are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
+                   "num_prompt_tokens")
+"""The rollout-worker counters the record is built from (every worker reports them as deltas)."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Rollout activity since the last step, summed over the workers."""
+
+    num_episodes: int = 0
+    num_successes: int = 0
+    num_turns: int = 0
+    num_format_errors: int = 0
+    num_response_tokens: int = 0
+    num_prompt_tokens: int = 0
+
+    @classmethod
+    def sum(cls, deltas: list[dict[str, float]]) -> "Counts":
+        return cls(**{key: int(sum(d.get(key, 0) for d in deltas)) for key in WORKER_COUNTERS})
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One learner step of the main loop."""
+
+    version: int
+    """Learner version after this step."""
+    time: float
+    """Unix time at the end of the step."""
+    loss: float
+    grad_norm: float
+    entropy: float
+    """Mean policy entropy over the trained tokens."""
+    reverse_kl: float
+    """Mean sampled-token reverse KL(student || teacher) over the trained tokens (0 without a teacher)."""
+    topk_kl: float
+    """Mean forward KL to the teacher's top-k (0 when the top-k term is off)."""
+    clip_frac: float
+    mismatch_kl: float
+    """k3 estimate of KL(behaviour || policy) on the trained tokens."""
+    num_samples: int
+    num_loss_tokens: int
+    max_staleness: int
+    mean_staleness: float
+    sample_versions: list[int]
+    """Policy version of each trained sample, shape [num_samples]."""
+    learner_step_s: float
+    learner_idle_s: float
+    """Time the learner waited for the batch."""
+    weight_sync_s: float
+    wall_s: float
+    """Wall clock since the previous step."""
+    buffer_occupancy: float
+    buffer_resident: int
+    # Running totals (across resumes) and this step's rates.
+    episodes: int
+    successes: int
+    turns: int
+    format_errors: int
+    rollout_tokens: int
+    prompt_tokens: int
+    buffer_put: int
+    buffer_consumed: int
+    dropped_stale: int
+    evicted: int
+    duplicate_groups: int
+    rollout_failed_runs: int
+    teacher_restarts: int
+    train_success_rate: float | None
+    """Success rate of the episodes that finished during this step; None when none did."""
+    format_error_rate: float | None
+    """Format errors per turn over this step's finished episodes; None when none finished."""
+    prompt_tokens_per_turn: float | None
+    rollout_tokens_per_s: float
+    # The algorithm's gauges.
+    opd_lambda: float
+    horizon_k: float
+    teacher_retired: float
+    eval_success: float | None = None
+    """Greedy eval success on run.eval_split (steps with an eval only)."""
+    eval_success_by_type: dict[str, float] | None = field(default=None)
+    """Eval success per task type."""
+
+
+STEP_SCHEMA = pa.schema([
+    ("version", pa.int64()), ("time", pa.float64()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
+    ("entropy", pa.float64()), ("reverse_kl", pa.float64()), ("topk_kl", pa.float64()), ("clip_frac", pa.float64()),
+    ("mismatch_kl", pa.float64()), ("num_samples", pa.int64()), ("num_loss_tokens", pa.int64()),
+    ("max_staleness", pa.int64()), ("mean_staleness", pa.float64()), ("sample_versions", pa.list_(pa.int64())),
+    ("learner_step_s", pa.float64()), ("learner_idle_s", pa.float64()), ("weight_sync_s", pa.float64()),
+    ("wall_s", pa.float64()), ("buffer_occupancy", pa.float64()), ("buffer_resident", pa.int64()),
+    ("episodes", pa.int64()), ("successes", pa.int64()), ("turns", pa.int64()), ("format_errors", pa.int64()),
+    ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
+    ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
+    ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
+    ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
+    ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
+    ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
+    ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
+])
+"""Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
+
+assert [f.name for f in fields(StepRecord)] == STEP_SCHEMA.names, "StepRecord and STEP_SCHEMA disagree"
+
+_TOTALS = {"episodes": "num_episodes", "successes": "num_successes", "turns": "num_turns",
+           "format_errors": "num_format_errors", "rollout_tokens": "num_response_tokens",
+           "prompt_tokens": "num_prompt_tokens"}
+_BUFFER_TOTALS = {"buffer_put": "num_put", "buffer_consumed": "num_consumed", "dropped_stale": "num_dropped_stale",
+                  "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups"}
+BUFFER_COUNTERS = tuple(_BUFFER_TOTALS.values())
+"""The buffer `stats` counters the record totals (the driver passes their deltas)."""
+
+
+def running_totals(previous: StepRecord | None, counts: Counts, buffer_delta: dict[str, int],
+                   failed_runs: int, teacher_restarts: int, wall_s: float) -> dict[str, Any]:
+    """The record's totals and rates from the previous record and this step's deltas."""
+    def before(name: str) -> int:
+        value = None if previous is None else getattr(previous, name)
+        return value or 0
+
+    out: dict[str, Any] = {name: before(name) + getattr(counts, key) for name, key in _TOTALS.items()}
+    out.update({name: before(name) + int(buffer_delta.get(key, 0)) for name, key in _BUFFER_TOTALS.items()})
+    out["rollout_failed_runs"] = before("rollout_failed_runs") + failed_runs
+    out["teacher_restarts"] = before("teacher_restarts") + teacher_restarts
+    out["train_success_rate"] = counts.num_successes / counts.num_episodes if counts.num_episodes else None
+    out["format_error_rate"] = counts.num_format_errors / counts.num_turns if counts.num_turns else None
+    out["prompt_tokens_per_turn"] = counts.num_prompt_tokens / counts.num_turns if counts.num_turns else None
+    out["rollout_tokens_per_s"] = counts.num_response_tokens / max(wall_s, 1e-9)
+    return out
+
+
+def write_records(path: Path, records: list[StepRecord]) -> None:
+    pq.write_table(pa.Table.from_pylist([asdict(r) for r in records], schema=STEP_SCHEMA), path)
+
+
+def read_records(path: Path) -> list[StepRecord]:
+    """Records of a metrics.parquet, older schemas included (missing columns become None)."""
+    rows = pq.read_table(path).to_pylist()
+    names = STEP_SCHEMA.names
+    records = []
+    for row in rows:
+        values = {name: row.get(name) for name in names}
+        if isinstance(values["eval_success_by_type"], list):  # Arrow maps read back as (key, value) pairs
+            values["eval_success_by_type"] = dict(values["eval_success_by_type"])
+        records.append(StepRecord(**values))
+    return records

@@ -1,0 +1,62 @@
+"""The step record: rates from deltas across a resume, and metrics written by an older schema."""
+
+import dataclasses
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.records import STEP_SCHEMA, Counts, StepRecord, read_records, running_totals, write_records
+
+
+def record(version: int, **totals) -> StepRecord:
+    base = dict(version=version, time=0.0, loss=0.1, grad_norm=1.0, entropy=1.0, reverse_kl=0.0, topk_kl=0.0,
+                clip_frac=0.0, mismatch_kl=0.0, num_samples=2, num_loss_tokens=10, max_staleness=1,
+                mean_staleness=0.5, sample_versions=[version - 1, version - 2], learner_step_s=1.0,
+                learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4,
+                episodes=0, successes=0, turns=0, format_errors=0, rollout_tokens=0, prompt_tokens=0,
+                buffer_put=0, buffer_consumed=0, dropped_stale=0, evicted=0, duplicate_groups=0,
+                rollout_failed_runs=0, teacher_restarts=0, train_success_rate=None, format_error_rate=None,
+                prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, opd_lambda=1.0, horizon_k=10.0,
+                teacher_retired=0.0)
+    return StepRecord(**{**base, **totals})
+
+
+def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
+    # A run wrote 100 episodes (50 successes) before it stopped; the resumed run's fresh workers
+    # report 10 new episodes with 8 successes. Diffing worker totals against the reloaded row
+    # (the old way) gives (8 - 50) / (10 - 100) = 0.47; the step's own rate is 0.8.
+    path = tmp_path / "metrics.parquet"
+    write_records(path, [record(5, episodes=100, successes=50, turns=400, format_errors=40, rollout_tokens=4000,
+                                buffer_put=300, rollout_failed_runs=1, eval_success=0.5,
+                                eval_success_by_type={"go_to": 1.0, "pick_up": 0.0})])
+    previous = read_records(path)[-1]
+    assert previous.eval_success_by_type == {"go_to": 1.0, "pick_up": 0.0}
+    counts = Counts.sum([{"num_episodes": 6, "num_successes": 5, "num_turns": 20, "num_format_errors": 1,
+                          "num_response_tokens": 300, "num_prompt_tokens": 2000, "pid": 7},
+                         {"num_episodes": 4, "num_successes": 3, "num_turns": 20, "num_format_errors": 1,
+                          "num_response_tokens": 100, "num_prompt_tokens": 2000, "policy_version": 5}])
+    totals = running_totals(previous, counts, {"num_put": 12}, failed_runs=0, teacher_restarts=1, wall_s=4.0)
+    assert totals["train_success_rate"] == 0.8 and totals["format_error_rate"] == 0.05
+    assert totals["prompt_tokens_per_turn"] == 100.0 and totals["rollout_tokens_per_s"] == 100.0
+    assert (totals["episodes"], totals["successes"], totals["turns"]) == (110, 58, 440)
+    assert (totals["buffer_put"], totals["rollout_failed_runs"], totals["teacher_restarts"]) == (312, 1, 1)
+    # A step in which no episode finished has no rate (not a stale one, not 0).
+    quiet = running_totals(previous, Counts(), {}, failed_runs=0, teacher_restarts=0, wall_s=1.0)
+    assert quiet["train_success_rate"] is None and quiet["episodes"] == 100
+
+
+def test_an_older_schema_reads_back_with_nulls(tmp_path):
+    path = tmp_path / "metrics.parquet"
+    rows = [dataclasses.asdict(record(v, episodes=v)) for v in (1, 2)]
+    dropped = ("eval_success_by_type", "horizon_k", "teacher_restarts")
+    old = pa.Table.from_pylist([{k: v for k, v in row.items() if k not in dropped} | {"retired_column": 1}
+                                for row in rows])
+    pq.write_table(old, path)
+    records = read_records(path)
+    assert [r.version for r in records] == [1, 2] and [r.episodes for r in records] == [1, 2]
+    assert all(r.eval_success_by_type is None and r.horizon_k is None and r.teacher_restarts is None for r in records)
+    # The next record's totals treat a missing total as 0; rewriting gives the current schema.
+    totals = running_totals(records[-1], Counts(num_episodes=3), {}, failed_runs=0, teacher_restarts=2, wall_s=1.0)
+    assert totals["teacher_restarts"] == 2 and totals["episodes"] == 5
+    write_records(path, records)
+    assert pq.read_table(path).schema.names == STEP_SCHEMA.names
