@@ -26,7 +26,8 @@ from actors.engine import InferenceEngine, SamplingConfig
 from buffer.contracts import Trajectory, Turn
 from envs.parser import ToolCallParser
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
-from envs.protocol import EnvReset, TaskInfo, TextEnv
+from envs.parser import format_tool_call
+from envs.protocol import EnvReset, TaskInfo, TextEnv, ToolCall
 from envs.rewards import EpisodeReward, RewardConfig, episode_reward
 
 
@@ -56,6 +57,13 @@ class EpisodeTask:
     """GRPO group: the G episodes of one (split, seed) share it."""
     index: int = 0
     """Position of the episode in its group."""
+    max_turns: int | None = None
+    """Turn limit of this episode, replayed turns included (TCOD); None: the loop's `max_turns`."""
+    replay: tuple[ToolCall, ...] = ()
+    """Expert calls that open the episode before the policy acts (TCOD-B2F): recorded as
+    untrainable turns, in the prompt exactly as if the policy had made them."""
+    horizon_k: int | None = None
+    """TCOD horizon k in force, recorded on the trajectory; None without a curriculum."""
 
     @property
     def trajectory_id(self) -> str:
@@ -78,6 +86,8 @@ class Response:
     """'stop', 'length', or 'context' (the prompt no longer fits: nothing was generated)."""
     policy_version: int = 0
     """Version of the weights that generated the response."""
+    replayed: bool = False
+    """An expert call replayed into the episode (TCOD-B2F), not the policy's: never trained."""
 
 
 @dataclass
@@ -165,6 +175,15 @@ class ChatPrompter:
                 return list(last.prompt_ids + closed) + tail
         return self._render(messages, ep, generation_prompt=True, tokenize=True)
 
+    def canonical_response(self, call: ToolCall, prompt_ids: list[int], policy_version: int,
+                           replayed: bool = False) -> Response:
+        """`call` in its canonical text as a response with log-prob 0 per token (the expert is
+        deterministic): its tokens are what the tokenizer gives the text, plus the end-of-turn token."""
+        text = format_tool_call(call)
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self.stop_id,)
+        return Response(text, tuple(prompt_ids), ids, (0.0,) * len(ids), policy_version=policy_version,
+                        replayed=replayed)
+
     def _tail_ids(self, messages, ep: EpisodeState) -> list[int] | None:
         """Tokens the template adds after the last assistant turn's end-of-turn token."""
         before = self._render(messages[:-1], ep, generation_prompt=False, tokenize=False)
@@ -195,7 +214,10 @@ class ModelPolicy:
             prompt = self.prompter.prompt_ids(ep, ep.policy_state)
             prompts.append(prompt)
             room = self.loop.max_context_tokens - len(prompt)
-            if room < 1:
+            if len(ep.history) < len(ep.task.replay):
+                responses[i] = ep.policy_state = self.prompter.canonical_response(
+                    ep.task.replay[len(ep.history)], prompt, self.engine.version, replayed=True)
+            elif room < 1:
                 responses[i] = Response("", tuple(prompt), finish_reason="context",
                                         policy_version=self.engine.version)
             else:
@@ -245,7 +267,7 @@ class EpisodeRunner:
         responses = policy.respond(self.running)
         finished, still = [], []
         for ep, response in zip(self.running, responses):
-            _advance(ep, self._parsers[ep.slot], response, self.config.max_turns)
+            _advance(ep, self._parsers[ep.slot], response, ep.task.max_turns or self.config.max_turns)
             if ep.done:
                 finished.append((ep.tag, _finish(ep, self.config.rewards)))
                 self._free.append(ep.slot)
@@ -288,6 +310,7 @@ def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_t
         ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
                              response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
                              policy_version=response.policy_version, well_formed=parsed.well_formed,
+                             trainable=not response.replayed,
                              finish_reason=response.finish_reason,
                              executed_call=None if parsed.call is None else
                              json.dumps({"name": parsed.call.name, "arguments": parsed.call.arguments})))
@@ -305,7 +328,7 @@ def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
                                 ep.task.trajectory_id.rsplit("/", 1)[0], split=ep.task.split,
                                 task_seed=ep.task.seed, task_type=ep.reset.info.task_type, turns=turns,
                                 success=ep.success, outcome_reward=reward.outcome, format_reward=reward.format,
-                                task=ep.reset.task)
+                                horizon_k=ep.task.horizon_k, task=ep.reset.task)
     return EpisodeResult(task=ep.task, info=ep.reset.info, success=ep.success, num_turns=len(ep.history),
                          num_format_errors=sum(not ok for ok in well_formed), reward=reward,
                          truncated=ep.truncated, trajectory=trajectory)

@@ -7,11 +7,11 @@ from envs.parser import format_tool_call
 from envs.protocol import Expert, ToolCall
 
 
-def _expert_call(ep: EpisodeState, expert: Expert) -> str:
+def _expert_call(ep: EpisodeState, expert: Expert) -> ToolCall:
     executed = ep.history[-1].call if ep.history else None
     # An expert without a plan (it thinks the task is done) still has to answer: the first tool,
     # called without arguments, is a harmless turn in the environments we have.
-    return format_tool_call(expert.act(executed) or ToolCall(ep.env.tools[0]["function"]["name"]))
+    return expert.act(executed) or ToolCall(ep.env.tools[0]["function"]["name"])
 
 
 def _new_expert(ep: EpisodeState) -> Expert:
@@ -30,7 +30,7 @@ class ExpertPolicy:
         for ep in episodes:
             if ep.policy_state is None:
                 ep.policy_state = _new_expert(ep)
-            responses.append(Response(_expert_call(ep, ep.policy_state)))
+            responses.append(Response(format_tool_call(_expert_call(ep, ep.policy_state))))
         return responses
 
 
@@ -53,10 +53,8 @@ class DemonstrationPolicy:
             if ep.policy_state is None:
                 ep.policy_state = (_new_expert(ep), None)
             expert, last = ep.policy_state
-            text = _expert_call(ep, expert)
-            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self.prompter.stop_id,)
-            response = Response(text, tuple(self.prompter.prompt_ids(ep, last)), ids, (0.0,) * len(ids),
-                                policy_version=self.policy_version)
+            response = self.prompter.canonical_response(_expert_call(ep, expert), self.prompter.prompt_ids(ep, last),
+                                                        self.policy_version)
             ep.policy_state = (expert, response)
             responses.append(response)
         return responses

@@ -21,6 +21,11 @@ from typing import Any
 from actors.rollout_worker import RolloutConfig, RolloutWorker
 from learner.models import ModelConfig
 
+EXTRA_WORKER_SEEDS = 100_000_000
+"""First task seed of workers added after the pool started (the first workers' streams,
+i * num_workers + w, would need 10^8 groups to get there)."""
+
+
 class RolloutPool:
     """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers)."""
 
@@ -35,19 +40,19 @@ class RolloutPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.config = config
         self.buffer = buffer
-        actor = ray.remote(worker_cls)
+        self._actor = ray.remote(worker_cls)
+        self._shared = (config, model, buffer)
+        self._env, self._algorithm = env, algorithm
+        self.max_restarts = max_restarts
         self.workers = []
         for i in range(num_workers):
-            options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
-                                       "max_task_retries": 0, "max_concurrency": 8}
-            if placement is not None:
-                options["scheduling_strategy"] = placement[i]
             teacher = teachers[i % len(teachers)] if teachers else None
-            self.workers.append(actor.options(**options).remote(i, num_workers, config, model, buffer, teacher,
-                                                                env, algorithm))
-        self.max_restarts = max_restarts
+            self.workers.append(self._new_worker(i, num_cpus, num_gpus, None if placement is None else placement[i],
+                                                 teacher, (0, num_workers, i)))
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
+        self._start_version = 0
+        self._started = False
         self.num_failed_runs = 0
         self._failures: dict[int, int] = {}
         """Failed runs per worker index (reset when a run returns); Ray restarts an actor at most max_restarts times."""
@@ -59,9 +64,40 @@ class RolloutPool:
         self.retired: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
 
-    def start(self, max_groups_per_worker: int | None = None) -> None:
+    def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int]):
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
+                                   "max_task_retries": 0, "max_concurrency": 8}
+        if strategy is not None:
+            options["scheduling_strategy"] = strategy
+        config, model, buffer = self._shared
+        return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
+                                                     self._env, self._algorithm)
+
+    def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
+        """Start `count` more workers (into the bundles a retired teacher left), without a teacher,
+        with the latest weights, running like the others. Their task seeds come from a stream of
+        their own (EXTRA_WORKER_SEEDS + i * count + j), which the first workers' never reach."""
+        first = len(self.workers)
+        for j in range(count):
+            worker = self._new_worker(first + j, num_cpus, num_gpus, None if placement is None else placement[j],
+                                      None, (EXTRA_WORKER_SEEDS, count, j))
+            self.workers.append(worker)
+            if self._weights is not None:  # calls from one caller run in order: weights first
+                worker.update_weights.remote([self._weights[0]], self._weights[1])
+            if self._started:
+                self._runs[first + j] = worker.run.remote(self._max_groups, self._start_version)
+
+    def retire_teacher(self) -> None:
+        """Every worker stops sending groups to the teacher; returns once none is waiting on it."""
+        self._gather({i: self.workers[i].retire_teacher.remote() for i in self.active})
+
+    def start(self, max_groups_per_worker: int | None = None, start_version: int = 0) -> None:
+        """Start every worker's `run`; `start_version`: the first main-loop learner version (a
+        curriculum counts from it)."""
         self._max_groups = max_groups_per_worker
-        self._runs = {i: w.run.remote(max_groups_per_worker) for i, w in enumerate(self.workers)}
+        self._start_version = start_version
+        self._started = True
+        self._runs = {i: w.run.remote(max_groups_per_worker, start_version) for i, w in enumerate(self.workers)}
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Restart the runs of workers that died; True when every run has finished."""
@@ -80,7 +116,7 @@ class RolloutPool:
             except ray.exceptions.ActorUnavailableError as exc:
                 if index in self._restarting:  # the restart of a failure already counted: ask again soon
                     time.sleep(0.2)
-                    self._runs[index] = self.workers[index].run.remote(self._max_groups)
+                    self._runs[index] = self.workers[index].run.remote(self._max_groups, self._start_version)
                 else:  # the process died under the call and Ray is restarting it
                     self._failed(index, exc)
             except ray.exceptions.RayActorError as exc:
@@ -126,7 +162,7 @@ class RolloutPool:
         if self._failures[index] <= self.max_restarts:
             if self._weights is not None:  # calls from one caller run in order: weights first
                 self.workers[index].update_weights.remote([self._weights[0]], self._weights[1])
-            self._runs[index] = self.workers[index].run.remote(self._max_groups)
+            self._runs[index] = self.workers[index].run.remote(self._max_groups, self._start_version)
             self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
             return
         del self._runs[index]

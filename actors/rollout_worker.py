@@ -14,12 +14,14 @@ The loop, once per round:
    buffer in one `put_group`, which stores it exactly once.
 
 Task seeds come from the worker's own stream: group i of worker w of N uses seed i*N + w,
-so workers never collide and a restarted worker continues where its stream stopped.
+so workers never collide and a restarted worker continues where its stream stopped (workers
+added later, into a retired teacher's bundles, get a stream of their own: `actors.pool`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -32,7 +34,8 @@ from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
 from envs.registry import EnvConfig, default_env_config, make_env
-from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext
+from jobs.records import FORMAT_ERRORS_AT, TURNS_AT
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from learner.models import ModelConfig
 
 
@@ -81,25 +84,30 @@ def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offs
 class RolloutWorker:
     """Async actor body; the pool starts it with `ray.remote(RolloutWorker)`."""
 
-    def __init__(self, worker_index: int, num_workers: int, config: RolloutConfig, model: ModelConfig,
+    def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None) -> None:
-        """`env`: the job's environment (default: the default environment); `algorithm`: whose
+        """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
+        `env`: the job's environment (default: the default environment); `algorithm`: whose
         group-end stages run on each finished group (None: groups go to the buffer as played)."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
         if config.num_envs < config.group_size:
             raise ValueError(f"num_envs ({config.num_envs}) must hold at least one group ({config.group_size})")
-        self.index, self.num_workers = worker_index, num_workers
+        self.index, self.stream = worker_index, stream
         self.owner = f"worker-{worker_index}"
         self.config = config
         self.buffer, self.teacher = buffer, teacher
         self.env_config = env or default_env_config()
+        self._teacher_calls = 0
         self.stages = []
+        self.curriculum = None
         if algorithm is not None:
             context = StageContext(worker_index, None if teacher is None else self._score)
             self.stages = [(factory.__name__, factory(algorithm, context))
                            for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)]
+            if ALGORITHMS[algorithm.name].curriculum is not None:
+                self.curriculum = ALGORITHMS[algorithm.name].curriculum(algorithm)
         self.tokenizer = load_tokenizer(model)
         self.engine = build_engine(config, model, self.tokenizer, seed_offset=worker_index)
         self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
@@ -113,7 +121,19 @@ class RolloutWorker:
         return os.getpid()
 
     async def _score(self, trajectories):
-        return await self.teacher.score.remote(trajectories)
+        self._teacher_calls += 1
+        try:
+            return await self.teacher.score.remote(trajectories)
+        finally:
+            self._teacher_calls -= 1
+
+    async def retire_teacher(self) -> None:
+        """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so
+        the driver can then kill it without failing a delivery."""
+        self.stages = [(name, stage) for name, stage in self.stages if name != teacher_scores.__name__]
+        self.teacher = None
+        while self._teacher_calls:
+            await asyncio.sleep(0.05)
 
     async def update_weights(self, state_ref: list, version: int) -> None:
         """New weights (`[ObjectRef]` of a state dict, kept unresolved); applied before the next round."""
@@ -143,10 +163,23 @@ class RolloutWorker:
         self._stats["num_weight_updates"] += 1
 
     def _lease(self, index: int) -> GroupLease:
+        first, stride, offset = self.stream
         return GroupLease(group_id=f"{self.owner}:{index}", owner=self.owner, split=self.config.split,
-                          seed=index * self.num_workers + self.index, group_size=self.config.group_size, index=index)
+                          seed=first + index * stride + offset, group_size=self.config.group_size, index=index)
 
-    async def run(self, max_groups: int | None = None) -> None:
+    def _tasks(self, lease: GroupLease, start_version: int) -> list[EpisodeTask]:
+        """The G episodes of a group; under a curriculum, planned from the version of the weights
+        that start them, counted from `start_version` (the first main-loop version)."""
+        tasks = [EpisodeTask(lease.split, lease.seed, lease.group_id, i) for i in range(lease.group_size)]
+        if self.curriculum is None:
+            return tasks
+        plan, missing = self.curriculum.plan(lease.split, lease.seed, max(0, self.engine.version - start_version),
+                                             self.config.loop.max_turns)
+        self._stats["num_groups_without_expert"] += missing
+        return [dataclasses.replace(t, max_turns=plan.max_turns, replay=plan.replay, horizon_k=plan.horizon_k)
+                for t in tasks]
+
+    async def run(self, max_groups: int | None = None, start_version: int = 0) -> None:
         """Roll out until stopped, or until this worker has completed max_groups groups in total."""
         self._stop = False
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
@@ -171,8 +204,8 @@ class RolloutWorker:
                     next_index += 1
                 groups[lease.group_id] = []
                 in_flight += 1
-                for i in range(G):
-                    runner.start(EpisodeTask(lease.split, lease.seed, lease.group_id, i), tag=lease.group_id)
+                for task in self._tasks(lease, start_version):
+                    runner.start(task, tag=lease.group_id)
             if not runner.running:
                 await asyncio.sleep(self.config.admission_backoff_s)
                 continue
@@ -195,6 +228,10 @@ class RolloutWorker:
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens
         self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in result.trajectory.turns)
+        for turn in result.trajectory.turns:
+            if turn.trainable:  # the student's turns (TCOD-B2F replays the expert's first)
+                self._stats[f"{TURNS_AT}{turn.turn_index}"] += 1
+                self._stats[f"{FORMAT_ERRORS_AT}{turn.turn_index}"] += not turn.well_formed
         m = self.metrics
         m.inc("episodes", task_type=result.info.task_type, outcome="success" if result.success else "failure")
         m.inc("rollout_tokens", tokens)

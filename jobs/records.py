@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
+"""Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
 WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
                    "num_prompt_tokens")
 """The rollout-worker counters the record is built from (every worker reports them as deltas)."""
@@ -34,10 +36,24 @@ class Counts:
     num_format_errors: int = 0
     num_response_tokens: int = 0
     num_prompt_tokens: int = 0
+    turns_by_index: tuple[int, ...] = ()
+    """The student's turns at each turn index."""
+    format_errors_by_index: tuple[int, ...] = ()
 
     @classmethod
     def sum(cls, deltas: list[dict[str, float]]) -> "Counts":
-        return cls(**{key: int(sum(d.get(key, 0) for d in deltas)) for key in WORKER_COUNTERS})
+        def by_index(prefix: str) -> tuple[int, ...]:
+            counts: dict[int, float] = {}
+            for d in deltas:
+                for key, value in d.items():
+                    if key.startswith(prefix):
+                        index = int(key[len(prefix):])
+                        counts[index] = counts.get(index, 0) + value
+            return tuple(int(counts.get(i, 0)) for i in range(max(counts, default=-1) + 1))
+
+        turns, errors = by_index(TURNS_AT), by_index(FORMAT_ERRORS_AT)
+        return cls(**{key: int(sum(d.get(key, 0) for d in deltas)) for key in WORKER_COUNTERS},
+                   turns_by_index=turns, format_errors_by_index=errors + (0,) * (len(turns) - len(errors)))
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,8 @@ class StepRecord:
     """Wall clock since the previous step."""
     buffer_occupancy: float
     buffer_resident: int
+    num_rollout_workers: int
+    """Rollout workers that answered this step (restarting ones do not; retirement adds some)."""
     # Running totals (across resumes) and this step's rates.
     episodes: int
     successes: int
@@ -93,6 +111,10 @@ class StepRecord:
     """Format errors per turn over this step's finished episodes; None when none finished."""
     prompt_tokens_per_turn: float | None
     rollout_tokens_per_s: float
+    reverse_kl_by_turn: list[float | None]
+    """Mean sampled-token reverse KL of the trained tokens at each turn index (None: no token there)."""
+    format_error_rate_by_turn: list[float | None]
+    """Format errors per student turn at each turn index, over this step's finished episodes."""
     # The algorithm's gauges.
     opd_lambda: float
     horizon_k: float
@@ -110,12 +132,14 @@ STEP_SCHEMA = pa.schema([
     ("max_staleness", pa.int64()), ("mean_staleness", pa.float64()), ("sample_versions", pa.list_(pa.int64())),
     ("learner_step_s", pa.float64()), ("learner_idle_s", pa.float64()), ("weight_sync_s", pa.float64()),
     ("wall_s", pa.float64()), ("buffer_occupancy", pa.float64()), ("buffer_resident", pa.int64()),
+    ("num_rollout_workers", pa.int64()),
     ("episodes", pa.int64()), ("successes", pa.int64()), ("turns", pa.int64()), ("format_errors", pa.int64()),
     ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
     ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
     ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
+    ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),
     ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
 ])
@@ -147,6 +171,8 @@ def running_totals(previous: StepRecord | None, counts: Counts, buffer_delta: di
     out["format_error_rate"] = counts.num_format_errors / counts.num_turns if counts.num_turns else None
     out["prompt_tokens_per_turn"] = counts.num_prompt_tokens / counts.num_turns if counts.num_turns else None
     out["rollout_tokens_per_s"] = counts.num_response_tokens / max(wall_s, 1e-9)
+    out["format_error_rate_by_turn"] = [errors / turns if turns else None
+                                        for turns, errors in zip(counts.turns_by_index, counts.format_errors_by_index)]
     return out
 
 

@@ -97,6 +97,10 @@ class JobConfig(BaseModel):
         algorithm = self.learner.algorithm
         if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
+        if ALGORITHMS[algorithm.name].retires and algorithm.retirement.teacher_success is None \
+                and self.teacher is not None and self.teacher.backend != "oracle":
+            raise ValueError("learner.algorithm.retirement.teacher_success must be set for a model teacher "
+                             "(its eval success with privileged context); only the oracle's is measured here")
         if algorithm.topk_kl_coef and (self.teacher is None or not self.teacher.top_k):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs the teacher's top-k: set teacher.top_k > 0")
         if self.buffer.max_staleness < 0:
@@ -125,6 +129,9 @@ def preflight(config: JobConfig) -> None:
         load_tokenizer(config.teacher.model)
     check_split(config.env, config.rollout.split, "rollout.split")
     check_split(config.env, config.run.eval_split, "run.eval_split")
+    algorithm = ALGORITHMS[config.learner.algorithm.name]
+    if algorithm.curriculum is not None:  # B2F reads its expert trajectories here
+        algorithm.curriculum(config.learner.algorithm)
     if config.run.metrics_port is not None:
         with socket.socket() as probe:
             try:

@@ -15,7 +15,37 @@ import pyarrow.parquet as pq
 
 from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
+from learner.retirement import RetirementController
 from learner.trainer import check_checkpoint
+
+
+def wait_until_dead(actor, timeout_s: float = 60.0) -> None:
+    """Return once calls to a killed actor fail (ray.kill takes effect asynchronously)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"a killed actor still answers after {timeout_s} s")
+
+
+def teacher_success(config) -> float:
+    """SR_T of the retirement rule: configured, or the environment expert's success on the eval
+    split when the oracle (the expert itself) is the teacher."""
+    from actors.agent_loop import EpisodeTask, run_episodes
+    from actors.expert import ExpertPolicy
+    from envs.registry import make_env
+
+    configured = config.learner.algorithm.retirement.teacher_success
+    if configured is not None:
+        return configured
+    tasks = [EpisodeTask(config.run.eval_split, seed) for seed in range(config.run.eval_tasks)]
+    results = run_episodes(lambda: make_env(config.env), tasks, ExpertPolicy(), config.rollout.loop, batch_size=32)
+    return max(sum(r.success for r in results) / len(results), 1e-6)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -52,10 +82,16 @@ class TrainingRun:
         self.buffer = create_buffer_actor(config.buffer)
         algorithm = config.learner.algorithm
         self.algorithm = ALGORITHMS[algorithm.name]
+        self.retirement = None
+        if self.algorithm.retires:
+            self.retirement = RetirementController(algorithm.retirement, teacher_success(config))
+            if resume:  # a retired teacher stays retired: it is not started again
+                self.retirement.load_state_dict(check_checkpoint(latest_checkpoint(self.dir))["extra"]["retirement"])
+        self._plan, self._strategies = plan, strategies
         # One service per teacher bundle, only when the algorithm's stages score with a teacher;
         # rollout worker i sends its groups to teacher i mod M.
         self.teachers = []
-        if config.teacher is not None and self.algorithm.uses_teacher(algorithm):
+        if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and not self.teacher_retired:
             self.teachers = [create_teacher_service(config.teacher, config.model, config.env, index=j,
                                                     prompt=config.rollout.loop.prompt,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
@@ -68,6 +104,8 @@ class TrainingRun:
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm)
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"])
+        if self.teacher_retired:
+            self._give_teacher_bundles_to_rollout()
         self.rows: list[StepRecord] = []
         self._teacher_pids: list[int] = []
         """The pid of each teacher service at the last step: a new pid is a restart."""
@@ -81,6 +119,37 @@ class TrainingRun:
         if resume:
             self._resume()
 
+    @property
+    def teacher_retired(self) -> bool:
+        return self.retirement is not None and self.retirement.retired_at is not None
+
+    @property
+    def learner_algorithm(self):
+        """The loss the learner trains with now: after retirement, λ = 0 (no OPD or top-k term)."""
+        algorithm = self.config.learner.algorithm
+        return algorithm.model_copy(update={"opd_lambda": 0.0, "topk_kl_coef": 0.0}) if self.teacher_retired \
+            else algorithm
+
+    def _give_teacher_bundles_to_rollout(self) -> None:
+        plan = self._plan
+        self.pool.add_workers(plan.teacher.count, num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
+                              placement=self._strategies["teacher"])
+
+    def _retire_teacher(self) -> None:
+        """RetireOPD: no more teacher calls, λ = 0, the teacher actors go and their bundles run
+        extra rollout workers."""
+        import ray
+
+        self.pool.retire_teacher()
+        for teacher in self.teachers:
+            ray.kill(teacher, no_restart=True)
+        for teacher in self.teachers:  # gone for good before its bundle is reused
+            wait_until_dead(teacher)
+        num_teachers, self.teachers, self._teacher_pids = len(self.teachers), [], []
+        self._give_teacher_bundles_to_rollout()
+        print(f"teacher retired at version {self.version}: λ = 0, {num_teachers} teacher service(s) stopped, "
+              f"{self._plan.teacher.count} rollout worker(s) started in their place", flush=True)
+
     def _resume(self) -> None:
         path = latest_checkpoint(self.dir)
         extra = self.learner.load(str(path))
@@ -90,6 +159,9 @@ class TrainingRun:
         if metrics.exists():
             self.rows = [r for r in read_records(metrics) if r.version <= self.version]
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
+        if self.teacher_retired:
+            print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
+                  flush=True)
 
     def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         import ray
@@ -99,7 +171,7 @@ class TrainingRun:
         if self.version > 0:
             self.pool.publish_weights(self.learner.publish(), self.version)
             ray.get(self.buffer.set_version.remote(self.version))
-        self.pool.start()
+        self.pool.start(start_version=self.warm_steps)
 
     def warm_start(self, should_stop: Callable[[], bool]) -> None:
         """SFT on the bot's demonstrations (jobs.warm_start), then a checkpoint.
@@ -165,7 +237,7 @@ class TrainingRun:
                 print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s", flush=True)
                 if batch.num_samples == 0:
                     continue
-            stats = self.learner.train(batch)
+            stats = self.learner.train(batch, self.learner_algorithm)
             self.version = int(stats["version"])
             sync = 0.0
             if self.version % run.publish_every == 0:
@@ -180,6 +252,9 @@ class TrainingRun:
             if run.eval_every and step % run.eval_every == 0:
                 overall, by_type = self._evaluate()
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
+                if self.retirement is not None and self.retirement.observe(self.version, self._gap_since_eval(row),
+                                                                            overall):
+                    self._retire_teacher()
             self.rows.append(row)
             print(self._line(row), flush=True)
             if step % run.checkpoint_every == 0:
@@ -189,6 +264,15 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _gap_since_eval(self, row: StepRecord) -> float:
+        """K_n: mean reverse KL over the steps since the previous evaluation, this one included."""
+        gaps = [row.reverse_kl]
+        for previous in reversed(self.rows):
+            if previous.eval_success is not None:
+                break
+            gaps.append(previous.reverse_kl)
+        return sum(gaps) / len(gaps)
 
     def _wait_for_batch(self, num_samples: int, should_stop: Callable[[], bool]):
         """Up to num_samples fresh samples, gathered in one-second waits so that a stop request
@@ -212,7 +296,8 @@ class TrainingRun:
         import ray
 
         buffer = ray.get(self.buffer.stats.remote())
-        counts = Counts.sum(self.pool.stats())
+        worker_stats = self.pool.stats()
+        counts = Counts.sum(worker_stats)
         # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
         teachers = ray.get([t.stats.remote() for t in self.teachers])
         pids = [t["pid"] for t in teachers]
@@ -228,17 +313,21 @@ class TrainingRun:
         totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, wall)
         # Defaults for algorithms without λ, retirement or a horizon curriculum: the student acts
         # for the whole episode.
-        gauges = {"opd_lambda": 0.0, "teacher_retired": 0.0, "horizon_k": float(self.config.rollout.loop.max_turns),
-                  **self.algorithm.gauges(self.config.learner.algorithm, self.version - self.warm_steps)}
+        max_turns = float(self.config.rollout.loop.max_turns)
+        gauges = {"opd_lambda": 0.0, "teacher_retired": float(self.teacher_retired), "horizon_k": max_turns,
+                  **self.algorithm.gauges(self.learner_algorithm, self.version - self.warm_steps)}
+        gauges["horizon_k"] = min(gauges["horizon_k"], max_turns)
         staleness = [self.version - 1 - v for v in versions]
         record = StepRecord(
             version=self.version, time=time.time(), loss=stats["loss"], grad_norm=stats["grad_norm"],
             entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
-            clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"], num_samples=len(versions),
+            clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
+            reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
             num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
-            buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]), **totals, **gauges)
+            buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
+            num_rollout_workers=len(worker_stats), **totals, **gauges)
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 
@@ -321,8 +410,10 @@ class TrainingRun:
 
     def checkpoint(self) -> Path:
         name = f"step_{self.version:06d}"
-        path = self.learner.save(str(self.dir / "checkpoints" / name),
-                                 extra={"version": self.version, "warm_start_steps": self.warm_steps})
+        extra = {"version": self.version, "warm_start_steps": self.warm_steps}
+        if self.retirement is not None:
+            extra["retirement"] = self.retirement.state_dict()
+        path = self.learner.save(str(self.dir / "checkpoints" / name), extra=extra)
         # `latest` is replaced atomically, and only once the checkpoint itself is complete.
         tmp = self.dir / "checkpoints" / "latest.tmp"
         tmp.write_text(name)

@@ -29,6 +29,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from buffer.contracts import Trajectory
+from learner.curriculum import TCODConfig, TCODCurriculum, horizon
+from learner.retirement import RetirementConfig
 
 
 class AlgorithmConfig(BaseModel):
@@ -59,6 +61,10 @@ class AlgorithmConfig(BaseModel):
     """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
     turn_level_k: int = Field(default=4, ge=1)
     """turn_level: turns trained per episode."""
+    tcod: TCODConfig = TCODConfig()
+    """tcod: the horizon curriculum (F2B or B2F)."""
+    retirement: RetirementConfig = RetirementConfig()
+    """retire_opd: when the teacher retires."""
 
     @field_validator("name")
     @classmethod
@@ -88,6 +94,8 @@ class TokenBatch:
     """Turn reward per response token, float [N, T]."""
     staleness: torch.Tensor
     """Learner version minus the token's policy version, long [N, T] (0 off the response)."""
+    turn_index: torch.Tensor | None = None
+    """Turn of the episode each response token belongs to, long [N, T], -1 off the response."""
     teacher_topk_ids: torch.Tensor | None = None
     """Teacher's top-k candidates for each token, long [N, T, k], -1 where none; None if not scored so."""
     teacher_topk_logprobs: torch.Tensor | None = None
@@ -277,6 +285,12 @@ class Algorithm:
     """Group-end stages, in order, run by the rollout worker on each finished group."""
     gauges: Callable[[AlgorithmConfig, int], dict[str, float]] = lambda cfg, step: {}
     """Per-step gauges (e.g. the current λ) given the main-loop step; exported and recorded."""
+    curriculum: Callable[[AlgorithmConfig], TCODCurriculum] | None = None
+    """Builds the per-episode plan a rollout worker follows (the TCOD horizon); None: every
+    episode is the student's, up to the loop's turn limit."""
+    retires: bool = False
+    """The driver runs the retirement rule at each evaluation (RetireOPD) and, once it fires,
+    trains with λ = 0 and hands the teacher's resources to rollout."""
 
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
@@ -303,4 +317,10 @@ register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_score
                                     gauges=lambda cfg, step: {"opd_lambda": 1.0}))
 register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
                                       gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}))
+register_algorithm("retire_opd", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
+                                           gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}, retires=True))
 register_algorithm("sft", Algorithm(sft_loss))
+register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
+                                     gauges=lambda cfg, step: {"opd_lambda": 1.0,
+                                                               "horizon_k": float(horizon(cfg.tcod, step))},
+                                     curriculum=lambda cfg: TCODCurriculum(cfg.tcod)))

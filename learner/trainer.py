@@ -122,6 +122,7 @@ def collate(sequences: list[TrainSequence], learner_version: int, pad_token_id: 
         advantages=pad([s.advantage for s in sequences], 0.0, torch.float32),
         turn_rewards=pad([s.turn_reward for s in sequences], 0.0, torch.float32),
         staleness=torch.where(versions >= 0, learner_version - versions, torch.zeros_like(versions)),
+        turn_index=pad([s.turn_index for s in sequences], -1, torch.long),
         teacher_topk_ids=topk_ids, teacher_topk_logprobs=topk_lps,
     )
 
@@ -214,6 +215,11 @@ class Trainer:
         sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
                 "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0}
         max_staleness = 0.0
+        # Sampled-token reverse KL and trained tokens per turn index (the seeds' evidence that
+        # errors compound over turns), summed over micro-batches, then over ranks.
+        num_turn_slots = int(self._all_max(max((int(b.turn_index.max()) + 1 for b in batches), default=0)))
+        kl_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
+        tokens_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
         for i in range(num_passes):
             if i < len(batches):
                 b = batches[i]
@@ -239,6 +245,11 @@ class Trainer:
                     sums[key] += out.stats.get(key, 0.0)
                 if mask.any():
                     max_staleness = max(max_staleness, float(b.staleness[mask].max()))
+                    turns = b.turn_index[mask]
+                    tokens_by_turn += torch.bincount(turns, minlength=num_turn_slots).double()
+                    if b.teacher_logprobs is not None:
+                        gap = (b.behaviour_logprobs - b.teacher_logprobs)[mask].double()
+                        kl_by_turn += torch.bincount(turns, weights=gap, minlength=num_turn_slots)
             else:
                 # An empty pass keeps FSDP's collectives paired with the ranks that have more work.
                 dummy = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
@@ -254,6 +265,9 @@ class Trainer:
         self.version += 1
         totals = dict(zip(sums, self._all_sum(list(sums.values()))))
         tokens = max(totals["loss_tokens"], 1.0)
+        if num_turn_slots:
+            dist.all_reduce(kl_by_turn)
+            dist.all_reduce(tokens_by_turn)
         return {
             "version": self.version,
             "loss": totals["loss"] / global_units,
@@ -266,6 +280,7 @@ class Trainer:
             "mismatch_kl": totals["mismatch_kl"] / tokens,
             "reverse_kl": totals["reverse_kl"] / tokens,
             "topk_kl": totals["topk_kl"] / tokens,
+            "reverse_kl_by_turn": [kl / n if n else None for kl, n in zip(kl_by_turn.tolist(), tokens_by_turn.tolist())],
             "num_loss_tokens": totals["loss_tokens"],
             "num_tokens": totals["tokens"],
             "num_sequences": totals["sequences"],

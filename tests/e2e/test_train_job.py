@@ -172,3 +172,48 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
     finally:
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
+
+
+def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
+    experts = tmp_path / "expert"
+    collected = subprocess.run([sys.executable, "-m", "jobs.collect_expert", "env.room_size=6", "env.num_distractors=0",
+                                "env.task_types=[go_to, pick_up]", "max_turns=3", "num_tasks=400",
+                                f"output_dir={experts}"], cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                               timeout=120)
+    assert collected.returncode == 0 and (experts / "expert.parquet").is_file(), collected.stderr
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=4",
+                           "run.eval_every=0", f"run.metrics_port={free_port()}", "learner.algorithm.name=tcod",
+                           "learner.algorithm.tcod.mode=b2f", f"learner.algorithm.tcod.expert_path={experts}"],
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    # k = 1 + ⌊n / 2⌋ at main-loop version n, capped by the 3-turn limit.
+    assert [(r["version"], r["horizon_k"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 2.0), (4, 3.0)]
+    assert all(r["reverse_kl_by_turn"] for r in rows) and any(r["format_error_rate_by_turn"] for r in rows)
+
+
+def test_retire_opd_forced_early_frees_the_teacher_and_resume_keeps_it_retired(tmp_path):
+    run_dir = tmp_path / "run"
+    # Windows of one evaluation, γ = 0 and δ far below any gap change: the rule fires at the
+    # second evaluation (m = 2), version 2.
+    retire = ["learner.algorithm.name=retire_opd", "learner.algorithm.retirement.window=1",
+              "learner.algorithm.retirement.gamma=0", "learner.algorithm.retirement.delta=-1000000",
+              "run.eval_every=1"]
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *retire, f"run.dir={run_dir}", "run.steps=4",
+                           f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "teacher retired at version 2: λ = 0, 1 teacher service(s) stopped, 1 rollout worker(s)" in proc.stdout
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
+    assert [r["opd_lambda"] for r in rows][-1] == 0.0 and rows[-1]["num_rollout_workers"] == 2
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
+                              f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "the teacher retired at version 2: no teacher service started" in resumed.stdout
+    assert "teacher retired at version" not in resumed.stdout.replace("the teacher retired at version 2", "")
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in rows] == list(range(1, 7)) and rows[-1]["teacher_retired"] == 1.0
+    assert rows[-1]["num_rollout_workers"] == 2

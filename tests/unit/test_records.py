@@ -12,11 +12,12 @@ def record(version: int, **totals) -> StepRecord:
     base = dict(version=version, time=0.0, loss=0.1, grad_norm=1.0, entropy=1.0, reverse_kl=0.0, topk_kl=0.0,
                 clip_frac=0.0, mismatch_kl=0.0, num_samples=2, num_loss_tokens=10, max_staleness=1,
                 mean_staleness=0.5, sample_versions=[version - 1, version - 2], learner_step_s=1.0,
-                learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4,
+                learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4, num_rollout_workers=1,
                 episodes=0, successes=0, turns=0, format_errors=0, rollout_tokens=0, prompt_tokens=0,
                 buffer_put=0, buffer_consumed=0, dropped_stale=0, evicted=0, duplicate_groups=0,
                 rollout_failed_runs=0, teacher_restarts=0, train_success_rate=None, format_error_rate=None,
-                prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, opd_lambda=1.0, horizon_k=10.0,
+                prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, reverse_kl_by_turn=[0.5, None],
+                format_error_rate_by_turn=[0.0], opd_lambda=1.0, horizon_k=10.0,
                 teacher_retired=0.0)
     return StepRecord(**{**base, **totals})
 
@@ -32,12 +33,15 @@ def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
     previous = read_records(path)[-1]
     assert previous.eval_success_by_type == {"go_to": 1.0, "pick_up": 0.0}
     counts = Counts.sum([{"num_episodes": 6, "num_successes": 5, "num_turns": 20, "num_format_errors": 1,
-                          "num_response_tokens": 300, "num_prompt_tokens": 2000, "pid": 7},
+                          "num_response_tokens": 300, "num_prompt_tokens": 2000, "pid": 7,
+                          "num_turns@0": 6, "num_format_errors@0": 1, "num_turns@2": 4},
                          {"num_episodes": 4, "num_successes": 3, "num_turns": 20, "num_format_errors": 1,
-                          "num_response_tokens": 100, "num_prompt_tokens": 2000, "policy_version": 5}])
+                          "num_response_tokens": 100, "num_prompt_tokens": 2000, "policy_version": 5,
+                          "num_turns@0": 4, "num_turns@1": 4, "num_format_errors@1": 2}])
     totals = running_totals(previous, counts, {"num_put": 12}, failed_runs=0, teacher_restarts=1, wall_s=4.0)
     assert totals["train_success_rate"] == 0.8 and totals["format_error_rate"] == 0.05
     assert totals["prompt_tokens_per_turn"] == 100.0 and totals["rollout_tokens_per_s"] == 100.0
+    assert totals["format_error_rate_by_turn"] == [0.1, 0.5, 0.0]
     assert (totals["episodes"], totals["successes"], totals["turns"]) == (110, 58, 440)
     assert (totals["buffer_put"], totals["rollout_failed_runs"], totals["teacher_restarts"]) == (312, 1, 1)
     # A step in which no episode finished has no rate (not a stale one, not 0).
@@ -48,7 +52,7 @@ def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
 def test_an_older_schema_reads_back_with_nulls(tmp_path):
     path = tmp_path / "metrics.parquet"
     rows = [dataclasses.asdict(record(v, episodes=v)) for v in (1, 2)]
-    dropped = ("eval_success_by_type", "horizon_k", "teacher_restarts")
+    dropped = ("eval_success_by_type", "horizon_k", "teacher_restarts", "reverse_kl_by_turn")
     old = pa.Table.from_pylist([{k: v for k, v in row.items() if k not in dropped} | {"retired_column": 1}
                                 for row in rows])
     pq.write_table(old, path)

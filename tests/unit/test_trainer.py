@@ -210,3 +210,12 @@ def test_the_top_k_term_raises_the_teachers_preferred_tokens(trajectories):
     assert steps[-1]["topk_kl"] < steps[0]["topk_kl"]
     with pytest.raises(ValueError, match="teacher.top_k"):
         trainer.train_step(sequences(trajectories))
+
+
+def test_reverse_kl_is_reported_per_turn_index(trajectories):
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd"), lr=1e-3), NANO)
+    # The good episodes' teacher log-probs are the behaviour's + 1 on every token: a gap of -1 at each turn.
+    stats = trainer.train_step(sequences(trajectories[0::2]))
+    by_turn = stats["reverse_kl_by_turn"]
+    assert len(by_turn) == max(t.num_turns for t in trajectories[0::2])
+    assert by_turn == pytest.approx([-1.0] * len(by_turn)) and stats["reverse_kl"] == pytest.approx(-1.0)

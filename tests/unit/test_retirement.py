@@ -1,0 +1,45 @@
+"""RetireOPD's retirement rule on hand-made sequences of (gap, success)."""
+
+import pytest
+
+from learner.retirement import RetirementConfig, RetirementController
+
+
+def decisions(gaps, successes, teacher_success=1.0, **config):
+    controller = RetirementController(RetirementConfig(**config), teacher_success)
+    return [controller.observe(version, g, s) for version, (g, s) in enumerate(zip(gaps, successes), start=1)], \
+        controller
+
+
+def test_retires_at_the_first_window_where_the_gap_stopped_shrinking_and_the_student_caught_up():
+    # H=2: windows (4, 4) (2, 2) (2, 2.2): the gap shrinks in window 2 (ρ = -1), then grows (ρ ≈ 0.05).
+    out, controller = decisions([4, 4, 2, 2, 2, 2.2], [0.9, 0.95, 0.9, 0.95, 0.95, 0.95], window=2)
+    assert out == [False, False, False, False, False, True] and controller.retired_at == 6
+    # Once retired, never again.
+    assert not controller.observe(7, 5.0, 1.0)
+
+
+def test_the_success_share_and_the_first_window_hold_it_back():
+    # The gap is flat (ρ = 0 ≥ δ) but the student is at 0.8 of the teacher's 1.0 < γ = 0.9.
+    out, _ = decisions([2, 2, 2, 2], [0.8, 0.8, 0.8, 0.8], window=2)
+    assert not any(out)
+    # The same student retires a teacher whose own success is 0.85: η = 0.8 / 0.85 ≥ 0.9.
+    out, _ = decisions([2, 2, 2, 2], [0.8, 0.8, 0.8, 0.8], teacher_success=0.85, window=2)
+    assert out == [False, False, False, True]
+    # m = 1 never decides, even when the rule would hold; nor does the middle of a window.
+    out, _ = decisions([2, 2, 2], [1, 1, 1], window=2, gamma=0.0)
+    assert out == [False, False, False]
+    # δ > 0 asks the gap to grow by that share.
+    out, _ = decisions([2, 2, 2, 2.1], [1, 1, 1, 1], window=2, delta=0.1)
+    assert not any(out)
+    out, _ = decisions([2, 2, 2, 2.6], [1, 1, 1, 1], window=2, delta=0.1)
+    assert out[-1]
+
+
+def test_the_state_survives_a_checkpoint():
+    _, controller = decisions([3, 3, 3], [0.5, 0.5, 0.5], window=2)
+    restored = RetirementController(RetirementConfig(window=2), 1.0)
+    restored.load_state_dict(controller.state_dict())
+    assert restored.observe(4, 3.0, 1.0) == controller.observe(4, 3.0, 1.0)
+    with pytest.raises(ValueError):
+        RetirementController(RetirementConfig(), 0.0)
