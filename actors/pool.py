@@ -32,8 +32,8 @@ class RolloutPool:
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
-                 algorithm=None) -> None:
-        """`env` and `algorithm`: see `RolloutWorker`."""
+                 algorithm=None, teacher_retired: bool = False) -> None:
+        """`env`, `algorithm` and `teacher_retired`: see `RolloutWorker`."""
         import ray
 
         if num_workers < 1:
@@ -48,7 +48,7 @@ class RolloutPool:
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
             self.workers.append(self._new_worker(i, num_cpus, num_gpus, None if placement is None else placement[i],
-                                                 teacher, (0, num_workers, i)))
+                                                 teacher, (0, num_workers, i), teacher_retired))
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
         self._start_version = 0
@@ -64,28 +64,27 @@ class RolloutPool:
         self.retired: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
 
-    def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int]):
+    def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int],
+                    teacher_retired: bool = False):
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
                                    "max_task_retries": 0, "max_concurrency": 8}
         if strategy is not None:
             options["scheduling_strategy"] = strategy
         config, model, buffer = self._shared
         return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
-                                                     self._env, self._algorithm)
+                                                     self._env, self._algorithm, teacher_retired)
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
-        """Start `count` more workers (into the bundles a retired teacher left), without a teacher,
+        """Start `count` more workers (into the bundles a retired teacher left), without its scoring stage,
         with the latest weights, running like the others. Their task seeds come from a stream of
         their own (EXTRA_WORKER_SEEDS + i * count + j), which the first workers' never reach."""
         first = len(self.workers)
         for j in range(count):
             worker = self._new_worker(first + j, num_cpus, num_gpus, None if placement is None else placement[j],
-                                      None, (EXTRA_WORKER_SEEDS, count, j))
+                                      None, (EXTRA_WORKER_SEEDS, count, j), teacher_retired=True)
             self.workers.append(worker)
-            if self._weights is not None:  # calls from one caller run in order: weights first
-                worker.update_weights.remote([self._weights[0]], self._weights[1])
             if self._started:
-                self._runs[first + j] = worker.run.remote(self._max_groups, self._start_version)
+                self._runs[first + j] = self._run(first + j)
 
     def retire_teacher(self) -> None:
         """Every worker stops sending groups to the teacher; returns once none is waiting on it."""
@@ -97,7 +96,14 @@ class RolloutPool:
         self._max_groups = max_groups_per_worker
         self._start_version = start_version
         self._started = True
-        self._runs = {i: w.run.remote(max_groups_per_worker, start_version) for i, w in enumerate(self.workers)}
+        self._runs = {i: self._run(i) for i in range(len(self.workers))}
+
+    def _run(self, index: int):
+        """Call the worker's `run` with the latest published weights: a restarted incarnation
+        loads them before its first round even if an `update_weights` sent while it was
+        restarting was lost (it would otherwise roll out stale groups the buffer drops)."""
+        weights = None if self._weights is None else ([self._weights[0]], self._weights[1])
+        return self.workers[index].run.remote(self._max_groups, self._start_version, weights)
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Restart the runs of workers that died; True when every run has finished."""
@@ -116,7 +122,7 @@ class RolloutPool:
             except ray.exceptions.ActorUnavailableError as exc:
                 if index in self._restarting:  # the restart of a failure already counted: ask again soon
                     time.sleep(0.2)
-                    self._runs[index] = self.workers[index].run.remote(self._max_groups, self._start_version)
+                    self._runs[index] = self._run(index)
                 else:  # the process died under the call and Ray is restarting it
                     self._failed(index, exc)
             except ray.exceptions.RayActorError as exc:
@@ -160,9 +166,7 @@ class RolloutPool:
         self.num_failed_runs += 1
         self._failures[index] = self._failures.get(index, 0) + 1
         if self._failures[index] <= self.max_restarts:
-            if self._weights is not None:  # calls from one caller run in order: weights first
-                self.workers[index].update_weights.remote([self._weights[0]], self._weights[1])
-            self._runs[index] = self.workers[index].run.remote(self._max_groups, self._start_version)
+            self._runs[index] = self._run(index)
             self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
             return
         del self._runs[index]

@@ -85,10 +85,12 @@ class RolloutWorker:
     """Async actor body; the pool starts it with `ray.remote(RolloutWorker)`."""
 
     def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
-                 buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None) -> None:
+                 buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
+                 teacher_retired: bool = False) -> None:
         """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
         `env`: the job's environment (default: the default environment); `algorithm`: whose
-        group-end stages run on each finished group (None: groups go to the buffer as played)."""
+        group-end stages run on each finished group (None: groups go to the buffer as played);
+        `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -105,7 +107,8 @@ class RolloutWorker:
         if algorithm is not None:
             context = StageContext(worker_index, None if teacher is None else self._score)
             self.stages = [(factory.__name__, factory(algorithm, context))
-                           for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)]
+                           for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)
+                           if not (teacher_retired and factory is teacher_scores)]
             if ALGORITHMS[algorithm.name].curriculum is not None:
                 self.curriculum = ALGORITHMS[algorithm.name].curriculum(algorithm)
         self.tokenizer = load_tokenizer(model)
@@ -179,9 +182,13 @@ class RolloutWorker:
         return [dataclasses.replace(t, max_turns=plan.max_turns, replay=plan.replay, horizon_k=plan.horizon_k)
                 for t in tasks]
 
-    async def run(self, max_groups: int | None = None, start_version: int = 0) -> None:
-        """Roll out until stopped, or until this worker has completed max_groups groups in total."""
+    async def run(self, max_groups: int | None = None, start_version: int = 0,
+                  weights: tuple[list, int] | None = None) -> None:
+        """Roll out until stopped, or until this worker has completed max_groups groups in total;
+        `weights`: the latest published ([ObjectRef], version), applied before the first round."""
         self._stop = False
+        if weights is not None:
+            await self.update_weights(*weights)
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
         self._stats["num_recovered_groups"] += len(recovered)
         runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)

@@ -101,7 +101,8 @@ class TrainingRun:
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
-                                placement=strategies["rollout"], env=config.env, algorithm=algorithm)
+                                placement=strategies["rollout"], env=config.env, algorithm=algorithm,
+                                teacher_retired=self.teacher_retired)
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"])
         if self.teacher_retired:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from test_train_job import ROOT, SHORT, free_port, job_env
@@ -60,9 +61,25 @@ def short_run(run_dir, steps: int) -> list[str]:
             "run.eval_every=0", "run.checkpoint_every=2"]
 
 
-# The same drill for a learner rank (`("LearnerRank", "learner rank 0 died")`) and a drill that kills a
-# rollout worker and then the teacher mid-run are not in the suite yet: each failed in one of a few runs
-# (a stall of over 300 s after the worker's restart; the learner case in CI), not yet diagnosed.
+def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
+    job = Job(*short_run(tmp_path / "run", steps=8))
+    job.wait_for("step    2 ")
+    job.kill_actor("RolloutWorker")
+    job.wait_for("step    4 ")
+    job.kill_actor("_ServiceActor")
+    assert job.finish() == 0, job.output
+    rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in rows] == list(range(1, 9))
+    last = rows[-1]
+    assert last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1, job.output
+    assert last["duplicate_groups"] == 0
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"])
+    assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
+
+
+# The same drill for a learner rank (`("LearnerRank", "learner rank 0 died")`) is not in the suite:
+# it failed once in CI (not yet diagnosed).
 @pytest.mark.parametrize("title,expected", [("ReplayBuffer", "the replay buffer actor died")])
 def test_a_dead_buffer_or_learner_stops_the_run_and_resume_continues(tmp_path, title, expected):
     run_dir = tmp_path / "run"
