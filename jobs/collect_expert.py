@@ -12,7 +12,6 @@ Use the same `env` section and turn limit as the training job.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.registry import EnvSection, default_env_config
-from jobs.config import ConfigError, dump_config, load_config
+from jobs.config import config_from_cli
 
 
 class CollectExpertConfig(BaseModel):
@@ -89,19 +88,7 @@ def write(config: CollectExpertConfig, rows: list[dict], wall_s: float) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.collect_expert", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", help="YAML file with CollectExpertConfig fields")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(CollectExpertConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print(dump_config(config))
-        return 0
+    config = config_from_cli(CollectExpertConfig, "python -m jobs.collect_expert", __doc__.split("\n")[0], argv)
     from tqdm import tqdm
 
     start = time.perf_counter()

@@ -6,6 +6,8 @@ names its full dotted path; override values are parsed as YAML (`x=3`, `x=[a, b]
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,3 +70,22 @@ def format_validation_error(exc: ValidationError) -> str:
 def dump_config(config: BaseModel) -> str:
     """The resolved config as YAML."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def config_from_cli(model: type[ConfigT], prog: str, description: str, argv: list[str] | None = None) -> ConfigT:
+    """`[--config FILE.yaml] [key.sub=value ...] [--dry-run]` of a one-config job: the validated
+    config; exits 2 with the keys of a bad config, or 0 once `--dry-run` printed the resolved config."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help=f"YAML file with {model.__name__} fields")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(model, args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.dry_run:
+        print(dump_config(config))
+        raise SystemExit(0)
+    return config

@@ -10,7 +10,6 @@ Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
 from envs.registry import EnvSection, default_env_config, make_env
-from jobs.config import ConfigError, dump_config, load_config
+from jobs.config import config_from_cli
 from learner.models import ModelConfig
 
 
@@ -134,19 +133,7 @@ def build_policy(config: EvaluateConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", help="YAML file with EvaluateConfig fields")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(EvaluateConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print(dump_config(config))
-        return 0
+    config = config_from_cli(EvaluateConfig, "python -m jobs.evaluate", __doc__.split("\n")[0], argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from tqdm import tqdm
