@@ -24,9 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import InferenceEngine, SamplingConfig
 from buffer.contracts import Trajectory, Turn
-from envs.parser import ToolCallParser
+from envs.parser import ToolCallParser, format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
-from envs.parser import format_tool_call
 from envs.protocol import EnvReset, TaskInfo, TextEnv, ToolCall
 from envs.rewards import EpisodeReward, RewardConfig, episode_reward
 

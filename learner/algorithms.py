@@ -39,7 +39,8 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "opd"
-    """A registered algorithm: grpo, turn_level, opd, joint, sft, or one added with `register_algorithm`."""
+    """A registered algorithm: grpo, turn_level, opd, joint, sft, tcod, retire_opd, or one added with
+    `register_algorithm`."""
     clip_eps_low: float = Field(default=0.2, ge=0)
     clip_eps_high: float = Field(default=0.28, ge=0)
     tis_cap: float | None = Field(default=None, gt=1.0)
