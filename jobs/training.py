@@ -84,9 +84,12 @@ class TrainingRun:
         self.algorithm = ALGORITHMS[algorithm.name]
         self.retirement = None
         if self.algorithm.retires:
-            self.retirement = RetirementController(algorithm.retirement, teacher_success(config))
-            if resume:  # a retired teacher stays retired: it is not started again
-                self.retirement.load_state_dict(check_checkpoint(latest_checkpoint(self.dir))["extra"]["retirement"])
+            if resume:  # the saved rule state (SR_T included); a retired teacher is not started again
+                state = check_checkpoint(latest_checkpoint(self.dir))["extra"]["retirement"]
+                self.retirement = RetirementController(algorithm.retirement, state["teacher_success"])
+                self.retirement.load_state_dict(state)
+            else:
+                self.retirement = RetirementController(algorithm.retirement, teacher_success(config))
         self._plan, self._strategies = plan, strategies
         # One service per teacher bundle, only when the algorithm's stages score with a teacher;
         # rollout worker i sends its groups to teacher i mod M.
