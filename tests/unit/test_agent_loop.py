@@ -219,16 +219,38 @@ def test_engine_rejects_bad_input(engine_and_tokenizer):
     assert engine.generate([], SamplingConfig()) == []
 
 
-@pytest.mark.gpu
-def test_hf_engine_on_cuda_matches_cpu(engine_and_tokenizer):
-    engine, tok = engine_and_tokenizer
-    cuda = HFEngine(load_model(ModelConfig(path="tiny:nano"), device="cuda"), tok.pad_token_id,
-                    engine.stop_token_ids)
-    prompts = [tok.encode("You see a red key 1 step left", add_special_tokens=False)]
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
-    on_gpu, on_cpu = cuda.generate(prompts, greedy)[0], engine.generate(prompts, greedy)[0]
-    assert on_gpu.token_ids == on_cpu.token_ids
-    assert max(abs(a - b) for a, b in zip(on_gpu.logprobs, on_cpu.logprobs)) < 1e-3
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hf_engine_kv_reuse_matches_fresh_prefill(temperature):
+    """Multi-turn growth, rows that stop early (padding inside the cache), an episode that
+    leaves and a reordered batch: reusing the kept cache gives the tokens and log-probs a fresh
+    prefill gives, while feeding far fewer prompt tokens; a weight update drops the cache."""
+    import random
+
+    model = load_model(ModelConfig(path="tiny:nano"))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(60, 700) for _ in range(rng.randint(20, 60))] for _ in range(4)]
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=10, seed=None if temperature == 0 else 3)
+    # Stop ids the model does produce early on, so rows end at different lengths.
+    probe = HFEngine(model, 0, [0], reuse_kv=False).generate(prompts, sampling)
+    stops = sorted({g.token_ids[i] for i, g in zip((2, 5, 7), probe)} | set(range(5, 60)))
+    reuse, fresh = (HFEngine(model, 0, stops, reuse_kv=flag) for flag in (True, False))
+    lengths = set()
+    for turn in range(5):
+        a, b = reuse.generate(prompts, sampling), fresh.generate(prompts, sampling)
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+        lengths |= {len(x.token_ids) for x in a}
+        prompts = [p + list(g.token_ids) + [rng.randrange(60, 700) for _ in range(rng.randint(3, 15))]
+                   for p, g in zip(prompts, a)]
+        if turn == 2:
+            prompts = prompts[1:][::-1]
+    assert len(lengths) >= 2  # rows stopped at different lengths: padding inside the kept cache
+    assert reuse.num_prefill_tokens < fresh.num_prefill_tokens / 3
+    before = reuse.num_prefill_tokens
+    reuse.update_weights(model.state_dict(), version=1)
+    reuse.generate(prompts, sampling)
+    assert reuse.num_prefill_tokens - before == sum(map(len, prompts))
 
 
 def test_hf_engine_owns_its_seeded_random_stream(engine_and_tokenizer):
