@@ -8,7 +8,6 @@ import copy
 import socket
 
 import pytest
-import torch
 
 from actors.engine import SamplingConfig
 from actors.hf_engine import HFEngine
