@@ -124,6 +124,8 @@ class RolloutWorker:
         return os.getpid()
 
     async def _score(self, trajectories):
+        if self.teacher is None:  # retired while this group's delivery was under way: unscored
+            return trajectories
         self._teacher_calls += 1
         try:
             return await self.teacher.score.remote(trajectories)
@@ -193,12 +195,17 @@ class RolloutWorker:
         self._stats["num_recovered_groups"] += len(recovered)
         runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)
         groups: dict[str, list[EpisodeResult]] = {}
+        # A finished group's delivery (teacher scoring, the buffer put) runs while the next
+        # rounds generate; a failed delivery fails the run at the next round.
+        deliveries: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
         G = self.config.group_size
         while not self._stop:
+            for task in [t for t in deliveries if t.done()]:
+                deliveries.discard(task)
+                task.result()
             if max_groups is not None and completed >= max_groups:
                 break
-            await self._apply_weights()
             in_flight = len(groups)
             while runner.num_free >= G and (max_groups is None or completed + in_flight < max_groups):
                 if recovered:
@@ -216,6 +223,9 @@ class RolloutWorker:
             if not runner.running:
                 await asyncio.sleep(self.config.admission_backoff_s)
                 continue
+            # After admission: weights published while it was asked are in place before the
+            # admitted episodes' first round (the driver publishes before it moves the buffer's version).
+            await self._apply_weights()
             async with self._engine_lock:
                 start = time.perf_counter()
                 finished = await loop.run_in_executor(None, runner.step, self.policy)
@@ -224,8 +234,9 @@ class RolloutWorker:
                 groups[group_id].append(result)
                 self._record(result)
                 if len(groups[group_id]) == G:
-                    await self._deliver(group_id, groups.pop(group_id))
+                    deliveries.add(asyncio.create_task(self._deliver(group_id, groups.pop(group_id))))
                     completed += 1
+        await asyncio.gather(*deliveries)
 
     def _record(self, result: EpisodeResult) -> None:
         tokens = sum(len(t.response_ids) for t in result.trajectory.turns)

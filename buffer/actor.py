@@ -52,6 +52,8 @@ class EncodedSamples:
     """encode_table's Arrow IPC bytes (SAMPLE_SCHEMA), uint8, shape [num_bytes]."""
     policy_versions: tuple[int, ...]
     """Policy version of each row, shape [num_samples]."""
+    num_bytes: int
+    """Size of the encoded table."""
 
     @property
     def num_samples(self) -> int:
@@ -147,7 +149,8 @@ class ReplayBuffer:
             return 0
         key = self._next_key
         self._next_key += 1
-        self._tables[key] = [ray.put(samples.data), samples.num_samples]
+        # The buffer owns the copy it puts: a table outlives the worker that sent it.
+        self._tables[key] = [ray.put(samples.data), samples.num_samples, samples.num_bytes]
         evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(samples.policy_versions)])
         self._new_data.set()
         self._export()
@@ -203,6 +206,7 @@ class ReplayBuffer:
             "num_running_episodes": self._admission.running_episodes,
             "admission_capacity": self._admission.capacity(self._version, accepted_samples(self._ring)),
             "num_tables_held": len(self._tables),
+            "num_bytes_held": sum(held[2] for held in self._tables.values()),
             "num_outstanding_groups": self._leases.num_outstanding,
             "num_duplicate_groups": self._num_duplicates,
         }
@@ -257,7 +261,8 @@ def decode_table(data: np.ndarray) -> pa.Table:
 def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:
     """Expand trajectories into samples, encoded as one Arrow table for `put`."""
     samples = [s for t in trajectories for s in expand(t)]
-    return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples))
+    data = encode_table(samples_to_table(samples))
+    return EncodedSamples(data, tuple(s.policy_version for s in samples), data.nbytes)
 
 
 def fetch_samples(batch: SampleBatch) -> pa.Table:

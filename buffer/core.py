@@ -153,7 +153,10 @@ class AdmissionController:
     samples lost to eviction or staleness give their room back, so a loss cannot deadlock
     the learner), and `running` is the episodes in flight times the mean samples per
     finished episode (a prior until the first episode finishes). Episodes are admitted
-    whole, as many as fit.
+    whole, as many as fit. A group (`all_or_nothing`) is admitted whole while any room is
+    left, so the bound can be passed by less than one group: otherwise a learner short of
+    fewer samples than a group yields would wait forever (with max_staleness 0, or when a
+    group's early turns went stale and it delivered less than estimated).
     """
 
     def __init__(self, batch_size: int, max_staleness: int = 2, samples_per_episode_prior: float = 4.0) -> None:
@@ -180,13 +183,15 @@ class AdmissionController:
         return limit - (accepted + self.running_episodes * self.samples_per_episode)
 
     def admit(self, num_episodes: int, learner_version: int, accepted: int, all_or_nothing: bool = False) -> int:
-        """Reserve up to num_episodes episodes (all of them or none when all_or_nothing); returns the grant."""
+        """Reserve up to num_episodes episodes (all_or_nothing: all of them while any room is left,
+        else none); returns the grant."""
         if num_episodes < 0:
             raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
         room = self.capacity(learner_version, accepted)
-        granted = max(0, min(num_episodes, int(room // self.samples_per_episode)))
-        if all_or_nothing and granted < num_episodes:
-            granted = 0
+        if all_or_nothing:
+            granted = num_episodes if room > 0 else 0
+        else:
+            granted = max(0, min(num_episodes, int(room // self.samples_per_episode)))
         self.running_episodes += granted
         return granted
 

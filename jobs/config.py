@@ -33,7 +33,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {override!r}: {'.'.join(parents[:i + 1])} is a value, not a section")
         node = child
-    node[leaf] = yaml.safe_load(raw)
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: the value {raw!r} is not valid YAML ({exc})") from None
 
 
 def load_config(model: type[ConfigT], path: str | Path | None = None,
@@ -44,7 +47,10 @@ def load_config(model: type[ConfigT], path: str | Path | None = None,
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text())
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = loaded or {}

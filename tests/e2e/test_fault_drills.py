@@ -24,6 +24,7 @@ class Job:
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT, env=job_env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.metrics_port = next((a.partition("=")[2] for a in args if a.startswith("run.metrics_port=")), None)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self._reader.start()
@@ -55,6 +56,14 @@ class Job:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def listeners(self) -> list[str]:
+        """Listening TCP addresses (`ss`) of the job's process and all its descendants."""
+        root = psutil.Process(self.proc.pid)
+        pids = {root.pid} | {p.pid for p in root.children(recursive=True)}
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+        return [line.split()[3] for line in out.splitlines()
+                if any(f"pid={pid}," in line.split()[-1] for pid in pids)]
+
 
 def short_run(run_dir, steps: int) -> list[str]:
     return [*SHORT, f"run.dir={run_dir}", f"run.steps={steps}", f"run.metrics_port={free_port()}",
@@ -64,6 +73,10 @@ def short_run(run_dir, steps: int) -> list[str]:
 def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
     job = Job(*short_run(tmp_path / "run", steps=8))
     job.wait_for("step    2 ")
+    # Every listener the job opened (Ray, the metrics endpoint, vLLM's engine core) is on loopback.
+    listeners = job.listeners()
+    assert any(a.endswith(f":{job.metrics_port}") for a in listeners), listeners
+    assert all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in listeners), listeners
     job.kill_actor("RolloutWorker")
     job.wait_for("step    4 ")
     job.kill_actor("_ServiceActor")

@@ -205,8 +205,16 @@ def test_lease_table_is_exactly_once():
 def test_all_or_nothing_admission():
     adm = AdmissionController(batch_size=4, max_staleness=0, samples_per_episode_prior=1.0)
     assert adm.admit(3, 0, 0, all_or_nothing=True) == 3
-    assert adm.admit(2, 0, 0, all_or_nothing=True) == 0 and adm.running_episodes == 3
     assert adm.admit(2, 0, 0) == 1
+    assert adm.admit(2, 0, 0, all_or_nothing=True) == 0 and adm.running_episodes == 4  # no room left
+
+
+def test_a_learner_short_of_less_than_a_group_still_gets_one():
+    """max_staleness 0, batch 32, groups of 8 episodes at ~7 samples each: the learner holds 28
+    samples and needs 4; a group is admitted (it overshoots) instead of nothing, forever."""
+    adm = AdmissionController(batch_size=32, max_staleness=0, samples_per_episode_prior=7.0)
+    assert adm.admit(8, learner_version=0, accepted=28, all_or_nothing=True) == 8
+    assert adm.admit(8, learner_version=0, accepted=28, all_or_nothing=True) == 0  # that group covers it
 
 
 def test_groups_that_deliver_nothing_do_not_skew_the_estimate():

@@ -1,4 +1,8 @@
+import functools
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jobs.config import ConfigError, apply_override, load_config
 from jobs.evaluate import EvaluateConfig
@@ -65,3 +69,45 @@ def test_shipped_job_configs_validate():
 
     for path in sorted(Path("jobs/configs").glob("*.yaml")):
         load_config(JobConfig, path)
+
+
+def _leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, path + ".")
+        else:
+            yield path
+
+
+@functools.cache
+def _job_keys():
+    from jobs.train import JobConfig
+
+    return sorted(_leaf_keys(load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml").model_dump(mode="json")))
+
+
+_values = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["null", "true", "[]", "{}", "[1, [2]]", "{a: 1}", "'x'", "-1", "0", "1e309", "nan",
+                     "[unclosed", "{a: [", "key: : value", "\tbad", "*alias", "!!python/object:os.system x"]),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzzed_overrides_fail_as_config_errors_naming_the_key(data):
+    """Any override of any key (a real one, a misspelt one, a new one) with any value either
+    validates or raises ConfigError whose message names the key's section: never another error."""
+    from jobs.train import JobConfig
+
+    keys = _job_keys()
+    key = data.draw(st.one_of(st.sampled_from(keys), st.sampled_from(keys).map(lambda k: k + "x"),
+                              st.sampled_from(keys).map(lambda k: k.rsplit(".", 1)[0] + ".nope")))
+    value = data.draw(_values)
+    try:
+        load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", [f"{key}={value}"])
+    except ConfigError as exc:
+        assert key.split(".")[0] in str(exc), (key, value, str(exc))
