@@ -360,9 +360,11 @@ def main() -> None:
     try:
         sim = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale, args.payload_div)
                for s in sorted({0, 2, *args.extra_bounds})}
-        headroom = buffer_samples_per_s(work) / sim[2]["samples_per_s"]
+        buffer_rate = buffer_samples_per_s(work)
+        headroom = buffer_rate / sim[2]["samples_per_s"]
     finally:
         ray.shutdown()
+    print(f"buffer actor with full-size groups: {buffer_rate:.0f} samples/s")
     for s, r in sim.items():
         print(f"simulated gpu-8, max_staleness={s}: {r['samples_per_s']:.1f} samples/s, "
               f"{r['sim_s_per_step']:.1f} s/step, learner idle {r['learner_idle']:.3f}, "
