@@ -8,21 +8,16 @@ architecture; `tiny` is the embedded default's student.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from learner.tiny import PRESETS
+from learner.tiny import PRESETS, TinyPreset
 
 
 @dataclass(frozen=True)
-class Shape:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    tie_word_embeddings: bool
+class Shape(TinyPreset):
+    """A Qwen3 architecture's sizes (the tiny presets' fields, plus tied embeddings)."""
+
+    tie_word_embeddings: bool = False
 
     def matmul_params(self) -> int:
         """Weights that multiply every token (projections, MLP, LM head); embeddings lookups and
@@ -42,17 +37,11 @@ class Shape:
         return 6 * self.matmul_params() * tokens + 12 * self.num_hidden_layers * q * context
 
 
-def _tiny(preset: str) -> Shape:
-    p = PRESETS[preset]
-    return Shape(p.vocab_size, p.hidden_size, p.intermediate_size, p.num_hidden_layers,
-                 p.num_attention_heads, p.num_key_value_heads, p.head_dim, tie_word_embeddings=False)
-
-
 SHAPES: dict[str, Shape] = {
-    "tiny": _tiny("tiny"),
-    "qwen3-0.6b": Shape(151936, 1024, 3072, 28, 16, 8, 128, tie_word_embeddings=True),
-    "qwen3-1.7b": Shape(151936, 2048, 6144, 28, 16, 8, 128, tie_word_embeddings=True),
-    "qwen3-4b": Shape(151936, 2560, 9728, 36, 32, 8, 128, tie_word_embeddings=True),
+    "tiny": Shape(**asdict(PRESETS["tiny"])),
+    "qwen3-0.6b": Shape(151936, 1024, 3072, 28, 16, 8, 128, 40960, tie_word_embeddings=True),
+    "qwen3-1.7b": Shape(151936, 2048, 6144, 28, 16, 8, 128, 40960, tie_word_embeddings=True),
+    "qwen3-4b": Shape(151936, 2560, 9728, 36, 32, 8, 128, 40960, tie_word_embeddings=True),
 }
 
 
@@ -68,7 +57,7 @@ def random_model(shape: str, dtype: str = "float32", device: str = "cpu", seed: 
                          intermediate_size=s.intermediate_size, num_hidden_layers=s.num_hidden_layers,
                          num_attention_heads=s.num_attention_heads, num_key_value_heads=s.num_key_value_heads,
                          head_dim=s.head_dim, tie_word_embeddings=s.tie_word_embeddings,
-                         max_position_embeddings=40960, rope_theta=1_000_000.0, pad_token_id=0,
+                         max_position_embeddings=s.max_position_embeddings, rope_theta=1_000_000.0, pad_token_id=0,
                          use_cache=False)
     torch.manual_seed(seed)
     with torch.device(device):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from cluster.local import LOOPBACK_ENV
+from jobs.report import FIGURES
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
@@ -90,6 +91,12 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     # Totals continue across the resume (the resumed workers and buffer count from 0).
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
     assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
+    # The report of the finished run: every figure, and the table with the warm start's eval.
+    report = subprocess.run([sys.executable, "-m", "jobs.report", str(run_dir)], cwd=ROOT, env=job_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
+    assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
 
 
 def test_bad_job_config_fails_before_any_actor(tmp_path):
