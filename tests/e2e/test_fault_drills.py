@@ -91,9 +91,8 @@ def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_
     assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
 
 
-# The same drill for a learner rank (`("LearnerRank", "learner rank 0 died")`) is not in the suite:
-# it failed once in CI (not yet diagnosed).
-@pytest.mark.parametrize("title,expected", [("ReplayBuffer", "the replay buffer actor died"), ("LearnerRank", "learner rank 0 died")])
+@pytest.mark.parametrize("title,expected", [("ReplayBuffer", "the replay buffer actor died"),
+                                            ("LearnerRank", "learner rank 0 died")])
 def test_a_dead_buffer_or_learner_stops_the_run_and_resume_continues(tmp_path, title, expected):
     run_dir = tmp_path / "run"
     job = Job(*short_run(run_dir, steps=20))
