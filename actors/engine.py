@@ -69,3 +69,7 @@ class InferenceEngine(Protocol):
     def update_weights(self, state_dict: dict, version: int) -> None:
         """Replace the weights (full state dict, HF parameter names); tag later generations `version`."""
         ...
+
+    def close(self) -> None:
+        """Release the engine's processes and caches; it is not used again."""
+        ...

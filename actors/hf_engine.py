@@ -80,6 +80,9 @@ class HFEngine:
         self._version = version
         self._kv = None
 
+    def close(self) -> None:
+        self._kv = None
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

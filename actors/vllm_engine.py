@@ -104,6 +104,11 @@ class VLLMEngine:
     def version(self) -> int:
         return self._version
 
+    def close(self) -> None:
+        """Stop the engine-core process now (left to interpreter exit, its shutdown logs into
+        closed streams and prints a 'Logging error' traceback)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

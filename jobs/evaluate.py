@@ -138,15 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tqdm import tqdm
 
-    from actors.agent_loop import run_episodes
+    from actors.agent_loop import ModelPolicy, run_episodes
 
     torch.set_num_threads(config.num_threads)
     tasks = config.tasks()
     start = time.perf_counter()
     policy = build_policy(config)
-    with tqdm(total=len(tasks), desc=f"eval {config.split}", unit="ep", file=sys.stderr) as bar:
-        results = run_episodes(lambda: make_env(config.env), tasks, policy, config.loop,
-                               batch_size=config.batch_size, on_episode=lambda _: bar.update())
+    try:
+        with tqdm(total=len(tasks), desc=f"eval {config.split}", unit="ep", file=sys.stderr) as bar:
+            results = run_episodes(lambda: make_env(config.env), tasks, policy, config.loop,
+                                   batch_size=config.batch_size, on_episode=lambda _: bar.update())
+    finally:
+        if isinstance(policy, ModelPolicy):
+            policy.engine.close()
     wall_s = time.perf_counter() - start
     summary = summarize(results)
     out = write_outputs(config, results, summary, wall_s)

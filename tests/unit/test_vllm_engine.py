@@ -21,8 +21,10 @@ def tok():
 def engine(tok):
     from actors.vllm_engine import VLLMConfig, VLLMEngine
 
-    return VLLMEngine(resolve_model_dir(NANO), VLLMConfig(max_model_len=1024),
-                      [tok.convert_tokens_to_ids("<|im_end|>")])
+    engine = VLLMEngine(resolve_model_dir(NANO), VLLMConfig(max_model_len=1024),
+                        [tok.convert_tokens_to_ids("<|im_end|>")])
+    yield engine
+    engine.close()
 
 
 def forward_logprobs(model, prompt, response):
