@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+import uuid
 from typing import Any
 
 from buffer.actor import SampleBatch, fetch_samples
@@ -38,19 +40,21 @@ def shard_by_episode(samples: list, rank: int, world_size: int) -> list:
 class LearnerRank:
     """Actor body: joins the process group, then owns one Trainer."""
 
-    def __init__(self, rank: int, world_size: int, master_port: int, config: LearnerConfig, model: ModelConfig,
+    def __init__(self, rank: int, world_size: int, store_path: str, config: LearnerConfig, model: ModelConfig,
                  backend: str = "gloo") -> None:
+        """`store_path`: the rendezvous file of the group on the ranks' node (the plan keeps the
+        learner ranks on one node). A file, not torch's TCPStore, whose server listens on every
+        interface whatever address it is given (seen with `ss`), while every listener of a job
+        stays on 127.0.0.1."""
         import torch
         import torch.distributed as dist
 
         from cluster.metrics import ActorMetrics
 
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(master_port)
         device = "cuda" if backend == "nccl" else "cpu"
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size)
         self.trainer = Trainer(config, model, device=device)
         self.metrics = ActorMetrics("learner", f"learner-{rank}")
 
@@ -104,7 +108,7 @@ class LearnerGroup:
 
         if num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-        port = free_port()
+        store_path = os.path.join(tempfile.gettempdir(), f"apprentice-learner-{uuid.uuid4().hex}")
         backend = "nccl" if num_gpus > 0 else "gloo"
         actor = ray.remote(LearnerRank)
         self.ranks = []
@@ -112,7 +116,7 @@ class LearnerGroup:
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
             if placement is not None:
                 options["scheduling_strategy"] = placement[r]
-            self.ranks.append(actor.options(**options).remote(r, num_ranks, port, config, model, backend))
+            self.ranks.append(actor.options(**options).remote(r, num_ranks, store_path, config, model, backend))
 
     def _all(self, method: str, *args) -> list:
         """The call on every rank. A rank that died fails the call at once (the others would

@@ -131,15 +131,34 @@ def test_gpu8_config_passes_dry_run():
     assert "resource plan (gpu-8)" in proc.stdout and "total    16 CPU, 8 GPU" in proc.stdout
 
 
+def readme_commands(heading: str) -> list[str]:
+    """The command lines of the first bash block after a README heading."""
+    section = (ROOT / "README.md").read_text().split(f"\n{heading}\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
 def test_the_same_job_through_ray_job_submit(tmp_path):
-    ray_bin = Path(sys.executable).with_name("ray")
+    """README's recipe as written: activate the environment, start a head, submit, (stop). The
+    shell's PATH does not hold the environment otherwise, so a recipe that forgets to activate
+    it fails here as it does for a user (the job's `python` would be the system one). Only the
+    ports (free ones), `--block`/`--no-wait` and the job's length differ; the test stops the head
+    it started by its process group instead of `ray stop` (which stops every Ray on the machine)."""
+    activate, start, submit_line, stop = readme_commands("## Submitting to a Ray cluster")
+    assert activate == "source .venv/bin/activate" and stop == "ray stop"
+    activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**job_env(), "PATH": ":".join(p for p in os.environ.get("PATH", "").split(":") if p != venv_bin)}
     gcs, dashboard, ray_metrics = free_port(), free_port(), free_port()
-    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--num-cpus=2",
-                             f"--metrics-export-port={ray_metrics}",
-                             "--include-dashboard=true", "--disable-usage-stats"],
-                            cwd=tmp_path, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    start = (f"{start} --block --port={gcs} --dashboard-port={dashboard} --num-cpus=2 "
+             f"--metrics-export-port={ray_metrics} --include-dashboard=true --disable-usage-stats")
+    head = subprocess.Popen(["bash", "-c", f"{activate} && {start}"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ray_bin = Path(sys.executable).with_name("ray")
+    submit_line = submit_line.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{dashboard}")
+    assert submit_line.startswith("ray job submit ") and " -- python -m jobs.train --config " in submit_line
+    submit_line = submit_line.replace("ray job submit ", "ray job submit --no-wait ", 1)
+    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.metrics_port=null"])
     try:
         address = f"http://127.0.0.1:{dashboard}"
         deadline = time.monotonic() + 90
@@ -153,10 +172,8 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
         # is refused with "No available agent", which asks to try again.
         deadline = time.monotonic() + 120
         while True:
-            submitted = subprocess.run(
-                [str(ray_bin), "job", "submit", "--no-wait", "--address", address, "--working-dir", str(ROOT), "--",
-                 "python", "-m", "jobs.train", *SHORT, f"run.dir={tmp_path / 'run'}", "run.steps=6",
-                 "run.metrics_port=null"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=120)
+            submitted = subprocess.run(["bash", "-c", f"{activate} && {submit_line} {overrides}"], cwd=ROOT, env=env,
+                                       capture_output=True, text=True, timeout=120)
             if submitted.returncode == 0 or "No available agent" not in submitted.stderr + submitted.stdout \
                     or time.monotonic() > deadline:
                 break
