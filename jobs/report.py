@@ -117,25 +117,31 @@ def plot_eval(runs: list[Run], path: Path) -> None:
     _save(fig, path, ax)
 
 
-def plot_train(runs: list[Run], path: Path) -> None:
-    fig, ax = _figure("Training episodes (finished during each step)", "rate")
+def _plot_lines(runs: list[Run], path: Path, title: str, ylabel: str, lines: list[tuple[str, str, str]],
+                ylim: tuple[float, float] | None = None) -> None:
+    """One line per (record field, line style, label) per run, in the run's colour; a field that is
+    0 at every step (a term that is off) is left out."""
+    fig, ax = _figure(title, ylabel)
     for i, run in enumerate(runs):
         prefix = f"{run.label}: " if len(runs) > 1 else ""
-        ax.plot(*run.series("train_success_rate"), color=f"C{i}", label=f"{prefix}success rate")
-        ax.plot(*run.series("format_error_rate"), color=f"C{i}", linestyle="--", label=f"{prefix}format errors per turn")
-    ax.set_ylim(-0.02, 1.02)
+        for name, style, label in lines:
+            versions, values = run.series(name)
+            if any(values):
+                ax.plot(versions, values, color=f"C{i}", linestyle=style, label=f"{prefix}{label}")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     _save(fig, path, ax)
+
+
+def plot_train(runs: list[Run], path: Path) -> None:
+    _plot_lines(runs, path, "Training episodes (finished during each step)", "rate",
+                [("train_success_rate", "-", "success rate"), ("format_error_rate", "--", "format errors per turn")],
+                ylim=(-0.02, 1.02))
 
 
 def plot_kl(runs: list[Run], path: Path) -> None:
-    fig, ax = _figure("Student vs teacher on the trained tokens", "nats per token")
-    for i, run in enumerate(runs):
-        prefix = f"{run.label}: " if len(runs) > 1 else ""
-        ax.plot(*run.series("reverse_kl"), color=f"C{i}", label=f"{prefix}reverse KL (sampled token)")
-        versions, topk = run.series("topk_kl")
-        if any(topk):
-            ax.plot(versions, topk, color=f"C{i}", linestyle="--", label=f"{prefix}forward KL (teacher top-k)")
-    _save(fig, path, ax)
+    _plot_lines(runs, path, "Student vs teacher on the trained tokens", "nats per token",
+                [("reverse_kl", "-", "reverse KL (sampled token)"), ("topk_kl", "--", "forward KL (teacher top-k)")])
 
 
 def plot_kl_by_turn(runs: list[Run], path: Path) -> None:
@@ -179,20 +185,14 @@ def plot_staleness(runs: list[Run], path: Path) -> None:
 
 
 def plot_throughput(runs: list[Run], path: Path) -> None:
-    fig, ax = _figure("Rollout throughput", "generated tokens / s")
-    for i, run in enumerate(runs):
-        ax.plot(*run.series("rollout_tokens_per_s"), color=f"C{i}", label=run.label)
-    _save(fig, path, ax if len(runs) > 1 else None)
+    _plot_lines(runs, path, "Rollout throughput", "generated tokens / s",
+                [("rollout_tokens_per_s", "-", "rollout tokens/s")])
 
 
 def plot_learner_time(runs: list[Run], path: Path) -> None:
-    fig, ax = _figure("Learner time per step", "seconds")
-    for i, run in enumerate(runs):
-        prefix = f"{run.label}: " if len(runs) > 1 else ""
-        ax.plot(*run.series("learner_step_s"), color=f"C{i}", label=f"{prefix}train step")
-        ax.plot(*run.series("learner_idle_s"), color=f"C{i}", linestyle="--", label=f"{prefix}waiting for data")
-        ax.plot(*run.series("weight_sync_s"), color=f"C{i}", linestyle=":", label=f"{prefix}weight publish")
-    _save(fig, path, ax)
+    _plot_lines(runs, path, "Learner time per step", "seconds",
+                [("learner_step_s", "-", "train step"), ("learner_idle_s", "--", "waiting for data"),
+                 ("weight_sync_s", ":", "weight publish")])
 
 
 def plot_schedule(runs: list[Run], path: Path) -> None:
