@@ -277,19 +277,24 @@ class EpisodeRunner:
 
 
 def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], policy: Policy, config: LoopConfig,
-                 batch_size: int = 16, on_episode: Callable[[EpisodeResult], None] | None = None) -> list[EpisodeResult]:
-    """Run every task once, `batch_size` episodes at a time; results in task order."""
+                 batch_size: int = 16, progress: str | None = None) -> list[EpisodeResult]:
+    """Run every task once, `batch_size` episodes at a time; results in task order. `progress`:
+    the label of a progress bar on stderr (None: no bar)."""
+    import sys
+
+    from tqdm import tqdm
+
     runner = EpisodeRunner(make_env, min(batch_size, max(len(tasks), 1)), config)
     pending = list(enumerate(tasks))[::-1]
     results: list[EpisodeResult | None] = [None] * len(tasks)
-    while pending or runner.running:
-        while pending and runner.num_free:
-            index, task = pending.pop()
-            runner.start(task, tag=index)
-        for index, result in runner.step(policy):
-            results[index] = result
-            if on_episode is not None:
-                on_episode(result)
+    with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
+        while pending or runner.running:
+            while pending and runner.num_free:
+                index, task = pending.pop()
+                runner.start(task, tag=index)
+            for index, result in runner.step(policy):
+                results[index] = result
+                bar.update()
     return [r for r in results if r is not None]
 
 

@@ -201,7 +201,6 @@ class SimRolloutWorker:
             step += prefill / cost.prefill_tokens_per_s
             prefill = 0
             clock += step
-            self.stats["busy_s"] += step
             self.stats["decoded_tokens"] += sum(min(chunk, ep["left"]) for ep in running)
             delay = start + clock * self.scale - time.monotonic()
             await asyncio.sleep(max(0.0, delay))
@@ -250,12 +249,12 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     runs = [w.run.remote() for w in workers]
     started = time.monotonic()
     version, staleness = 0, Counter()
-    idle = busy = 0.0
+    idle = 0.0
     consumed, measured_from = 0, None
     try:
         for step in range(num_steps):
             if step == warmup_steps:
-                measured_from, idle, busy, consumed, staleness = time.monotonic(), 0.0, 0.0, 0, Counter()
+                measured_from, idle, consumed, staleness = time.monotonic(), 0.0, 0, Counter()
             waited = time.monotonic()
             batch = None
             while batch is None or batch.num_samples < work.batch_samples:
@@ -272,7 +271,6 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
             tokens = sum(responses) + work.obs_tokens * len(responses) + work.prompt_tokens * first
             train_s = tokens / (cost.learner_tokens_per_s * cost.learner_gpus) + cost.learner_overhead_s
             time.sleep((train_s + cost.publish_s) * scale)
-            busy += (train_s + cost.publish_s) * scale
             for versions in batch.policy_versions:
                 staleness.update(version - v for v in versions)
             consumed += batch.num_samples

@@ -52,12 +52,13 @@ class EncodedSamples:
     """encode_table's Arrow IPC bytes (SAMPLE_SCHEMA), uint8, shape [num_bytes]."""
     policy_versions: tuple[int, ...]
     """Policy version of each row, shape [num_samples]."""
-    num_bytes: int
-    """Size of the encoded table."""
-
     @property
     def num_samples(self) -> int:
         return len(self.policy_versions)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.data.nbytes
 
 
 @dataclass(frozen=True)
@@ -261,8 +262,7 @@ def decode_table(data: np.ndarray) -> pa.Table:
 def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:
     """Expand trajectories into samples, encoded as one Arrow table for `put`."""
     samples = [s for t in trajectories for s in expand(t)]
-    data = encode_table(samples_to_table(samples))
-    return EncodedSamples(data, tuple(s.policy_version for s in samples), data.nbytes)
+    return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples))
 
 
 def fetch_samples(batch: SampleBatch) -> pa.Table:

@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_cli(EvaluateConfig, "python -m jobs.evaluate", __doc__.split("\n")[0], argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
-    from tqdm import tqdm
 
     from actors.agent_loop import ModelPolicy, run_episodes
 
@@ -145,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     policy = build_policy(config)
     try:
-        with tqdm(total=len(tasks), desc=f"eval {config.split}", unit="ep", file=sys.stderr) as bar:
-            results = run_episodes(lambda: make_env(config.env), tasks, policy, config.loop,
-                                   batch_size=config.batch_size, on_episode=lambda _: bar.update())
+        results = run_episodes(lambda: make_env(config.env), tasks, policy, config.loop,
+                               batch_size=config.batch_size, progress=f"eval {config.split}")
     finally:
         if isinstance(policy, ModelPolicy):
             policy.engine.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
@@ -46,9 +44,8 @@ def teacher_success(config) -> float:
     if configured is not None:
         return configured
     tasks = [EpisodeTask(config.run.eval_split, seed) for seed in range(config.run.eval_tasks)]
-    with tqdm(total=len(tasks), desc="teacher success (SR_T): the expert", unit="ep", file=sys.stderr) as bar:
-        results = run_episodes(lambda: make_env(config.env), tasks, ExpertPolicy(), config.rollout.loop,
-                               batch_size=32, on_episode=lambda _: bar.update())
+    results = run_episodes(lambda: make_env(config.env), tasks, ExpertPolicy(), config.rollout.loop,
+                           batch_size=32, progress="teacher success (SR_T): the expert")
     return max(sum(r.success for r in results) / len(results), 1e-6)
 
 

@@ -11,11 +11,9 @@ These optimizer steps are learner versions like any other; `TrainingRun` counts 
 from __future__ import annotations
 
 import random
-import sys
 from typing import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
-from tqdm import tqdm
 
 from buffer.contracts import Trajectory
 
@@ -49,9 +47,8 @@ def demonstrations(config: WarmStartConfig, rollout, env, tokenizer) -> list[Tra
     from envs.registry import make_env
 
     tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
-    with tqdm(total=len(tasks), desc="warm start: expert demonstrations", unit="ep", file=sys.stderr) as bar:
-        results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
-                               rollout.loop, batch_size=32, on_episode=lambda _: bar.update())
+    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
+                           rollout.loop, batch_size=32, progress="warm start: expert demonstrations")
     return [r.trajectory for r in results if r.success]
 
 
