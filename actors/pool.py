@@ -32,8 +32,9 @@ class RolloutPool:
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
-                 algorithm=None, teacher_retired: bool = False) -> None:
-        """`env`, `algorithm` and `teacher_retired`: see `RolloutWorker`."""
+                 algorithm=None, teacher_retired: bool = False, named: bool = False) -> None:
+        """`env`, `algorithm` and `teacher_retired`: see `RolloutWorker`; `named`: worker i is the
+        named actor `worker-<i>` (in the job's namespace)."""
         import ray
 
         if num_workers < 1:
@@ -44,6 +45,7 @@ class RolloutPool:
         self._shared = (config, model, buffer)
         self._env, self._algorithm = env, algorithm
         self.max_restarts = max_restarts
+        self.named = named
         self.workers = []
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
@@ -68,6 +70,8 @@ class RolloutPool:
                     teacher_retired: bool = False):
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
                                    "max_task_retries": 0, "max_concurrency": 8}
+        if self.named:
+            options["name"] = f"worker-{index}"
         if strategy is not None:
             options["scheduling_strategy"] = strategy
         config, model, buffer = self._shared

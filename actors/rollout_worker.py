@@ -120,6 +120,9 @@ class RolloutWorker:
         self._stats: dict[str, float] = defaultdict(float)
         self.metrics = ActorMetrics("rollout", self.owner)
 
+    def __repr__(self) -> str:  # the dashboard's Repr column
+        return f"RolloutWorker({self.owner}, v{self.engine.version})"
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -242,6 +245,7 @@ class RolloutWorker:
         tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
         self._stats["num_episodes"] += 1
         self._stats["num_successes"] += result.success
+        self._stats["num_success_turns"] += result.num_turns if result.success else 0
         self._stats["num_turns"] += result.num_turns
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens

@@ -112,6 +112,9 @@ class ReplayBuffer:
         self.metrics = ActorMetrics("buffer", "buffer")
         self._exported = {"evicted": 0, "stale": 0}
 
+    def __repr__(self) -> str:  # the dashboard's Repr column
+        return f"ReplayBuffer({self.config.capacity_samples} samples, max_staleness {self.config.max_staleness})"
+
     async def admit_group(self, lease: GroupLease) -> bool:
         """Admit a whole group of `lease.group_size` episodes, or refuse (the caller waits and retries)."""
         if not self._admission.admit(lease.group_size, self._version, accepted_samples(self._ring),

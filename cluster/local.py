@@ -29,7 +29,8 @@ def configure_loopback() -> None:
         os.environ.setdefault(key, value)
 
 
-def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_port: int = 8265):
+def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_port: int = 8265,
+                   namespace: str | None = None):
     """Start an embedded Ray node bound to 127.0.0.1; returns ray.init's context."""
     if num_cpus < 1:
         raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
@@ -38,6 +39,7 @@ def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_por
 
     context = ray.init(
         address="local",  # always a new node: never attach to a cluster that `ray start` left running
+        namespace=namespace,
         num_cpus=num_cpus,
         num_gpus=0,
         _node_ip_address=LOOPBACK_IP,

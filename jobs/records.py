@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
 """Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
 WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
-                   "num_prompt_tokens")
+                   "num_prompt_tokens", "num_success_turns")
 """The rollout-worker counters the record is built from (every worker reports them as deltas)."""
 
 
@@ -36,6 +36,8 @@ class Counts:
     num_format_errors: int = 0
     num_response_tokens: int = 0
     num_prompt_tokens: int = 0
+    num_success_turns: int = 0
+    """Turns of the successful episodes."""
     turns_by_index: tuple[int, ...] = ()
     """The student's turns at each turn index."""
     format_errors_by_index: tuple[int, ...] = ()
@@ -115,6 +117,17 @@ class StepRecord:
     """Mean sampled-token reverse KL of the trained tokens at each turn index (None: no token there)."""
     format_error_rate_by_turn: list[float | None]
     """Format errors per student turn at each turn index, over this step's finished episodes."""
+    response_tokens_per_turn: float | None
+    """Mean generated tokens per turn over this step's finished episodes."""
+    turns_to_success: float | None
+    """Mean turns of this step's successful episodes; None when none succeeded."""
+    reverse_kl_head: float | None
+    """Sampled-token reverse KL over the first half of each trained response's tokens (None: nothing scored)."""
+    reverse_kl_tail: float | None
+    """... over the second half: a tail above the head says the teacher's signal weakens late in a response."""
+    student_logprob_head: float | None
+    """Mean behaviour log-prob of the trained tokens in the first half of their response."""
+    student_logprob_tail: float | None
     # The algorithm's gauges.
     opd_lambda: float
     horizon_k: float
@@ -140,6 +153,9 @@ STEP_SCHEMA = pa.schema([
     ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
     ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),
+    ("response_tokens_per_turn", pa.float64()), ("turns_to_success", pa.float64()),
+    ("reverse_kl_head", pa.float64()), ("reverse_kl_tail", pa.float64()),
+    ("student_logprob_head", pa.float64()), ("student_logprob_tail", pa.float64()),
     ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
 ])
@@ -170,6 +186,8 @@ def running_totals(previous: StepRecord | None, counts: Counts, buffer_delta: di
     out["train_success_rate"] = counts.num_successes / counts.num_episodes if counts.num_episodes else None
     out["format_error_rate"] = counts.num_format_errors / counts.num_turns if counts.num_turns else None
     out["prompt_tokens_per_turn"] = counts.num_prompt_tokens / counts.num_turns if counts.num_turns else None
+    out["response_tokens_per_turn"] = counts.num_response_tokens / counts.num_turns if counts.num_turns else None
+    out["turns_to_success"] = counts.num_success_turns / counts.num_successes if counts.num_successes else None
     out["rollout_tokens_per_s"] = counts.num_response_tokens / max(wall_s, 1e-9)
     out["format_error_rate_by_turn"] = [errors / turns if turns else None
                                         for turns, errors in zip(counts.turns_by_index, counts.format_errors_by_index)]

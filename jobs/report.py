@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 
 from jobs.records import StepRecord, read_records
 
-FIGURES = ("eval_success", "train", "kl", "kl_by_turn", "staleness", "throughput", "learner_time", "schedule")
+FIGURES = ("eval_success", "train", "kl", "kl_by_turn", "head_tail", "responses", "staleness", "throughput",
+           "learner_time", "schedule")
 
 
 @dataclass
@@ -144,6 +145,19 @@ def plot_kl(runs: list[Run], path: Path) -> None:
                 [("reverse_kl", "-", "reverse KL (sampled token)"), ("topk_kl", "--", "forward KL (teacher top-k)")])
 
 
+def plot_head_tail(runs: list[Run], path: Path) -> None:
+    _plot_lines(runs, path, "Head vs tail of each response (first / second half of its tokens)", "nats per token",
+                [("reverse_kl_head", "-", "reverse KL, head"), ("reverse_kl_tail", "--", "reverse KL, tail"),
+                 ("student_logprob_head", "-.", "student log-prob, head"),
+                 ("student_logprob_tail", ":", "student log-prob, tail")])
+
+
+def plot_responses(runs: list[Run], path: Path) -> None:
+    _plot_lines(runs, path, "Episodes finished during each step", "tokens / turns",
+                [("response_tokens_per_turn", "-", "response tokens per turn"),
+                 ("turns_to_success", "--", "turns to success")])
+
+
 def plot_kl_by_turn(runs: list[Run], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -211,7 +225,7 @@ def plot_schedule(runs: list[Run], path: Path) -> None:
 
 
 PLOTS = {"eval_success": plot_eval, "train": plot_train, "kl": plot_kl, "kl_by_turn": plot_kl_by_turn,
-         "staleness": plot_staleness, "throughput": plot_throughput, "learner_time": plot_learner_time,
+         "head_tail": plot_head_tail, "responses": plot_responses, "staleness": plot_staleness, "throughput": plot_throughput, "learner_time": plot_learner_time,
          "schedule": plot_schedule}
 assert tuple(PLOTS) == FIGURES
 
@@ -241,6 +255,9 @@ def summary(run: Run) -> dict[str, str]:
         "train success (last 5)": fmt(_mean([r.train_success_rate for r in last if r.train_success_rate is not None])),
         "format errors/turn (last 5)": fmt(_mean([r.format_error_rate for r in last if r.format_error_rate is not None])),
         "reverse KL (last 5)": fmt(_mean([r.reverse_kl for r in last]), 3),
+        "KL tail - head (last 5)": fmt(_mean([r.reverse_kl_tail - r.reverse_kl_head for r in last
+                                              if r.reverse_kl_tail is not None and r.reverse_kl_head is not None]), 3),
+        "turns to success (last 5)": fmt(_mean([r.turns_to_success for r in last if r.turns_to_success is not None]), 1),
         "rollout tokens/s": fmt(_mean([r.rollout_tokens_per_s for r in records]), 0),
         "learner idle": fmt(sum(r.learner_idle_s for r in records) / wall if wall else None),
         "mean staleness": fmt(_mean(staleness)),

@@ -74,6 +74,9 @@ class RunConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
     """None: no Prometheus endpoint."""
+    tensorboard: bool = False
+    """Also write every step record as TensorBoard scalars under RUN_DIR/tensorboard (needs the
+    `tensorboard` extra); `tensorboard --logdir runs/` then shows every run."""
 
 
 class JobConfig(BaseModel):
@@ -120,6 +123,7 @@ def preflight(config: JobConfig) -> None:
     """Checks that need the machine rather than the config alone, before any actor starts:
     the models and their tokenizers load (path, chat template), the environment builds and has
     the train and eval splits, and the metrics port is free. ValueError names the problem."""
+    import importlib.util
     import socket
 
     from learner.models import load_tokenizer
@@ -132,6 +136,9 @@ def preflight(config: JobConfig) -> None:
     algorithm = ALGORITHMS[config.learner.algorithm.name]
     if algorithm.curriculum is not None:  # B2F reads its expert trajectories here
         algorithm.curriculum(config.learner.algorithm)
+    if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("run.tensorboard is true but the tensorboard package is not installed: "
+                         "pip install -e '.[tensorboard]', or set run.tensorboard=false")
     if config.run.metrics_port is not None:
         with socket.socket() as probe:
             try:
@@ -141,7 +148,9 @@ def preflight(config: JobConfig) -> None:
                                  f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
 
 
-def connect(config: ClusterConfig):
+def connect(config: ClusterConfig, namespace: str):
+    """Join the configured cluster (or start an embedded node) in `namespace`, where the run's
+    named actors live (`ray.get_actor("worker-0", namespace=...)`)."""
     from cluster.local import configure_loopback
 
     configure_loopback()
@@ -149,10 +158,15 @@ def connect(config: ClusterConfig):
 
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
-        return ray.init(address=address)
+        return ray.init(address=address, namespace=namespace)
     from cluster.local import init_local_ray
 
-    return init_local_ray(num_cpus=config.num_cpus)
+    return init_local_ray(num_cpus=config.num_cpus, namespace=namespace)
+
+
+def run_namespace(run: RunConfig) -> str:
+    """The run's Ray namespace: its directory's name, so two runs on one cluster never share actor names."""
+    return f"apprentice-{Path(run.dir).resolve().name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    connect(config.cluster)
+    namespace = run_namespace(config.run)
+    connect(config.cluster, namespace)
+    import ray
+
+    if ray.util.list_named_actors():  # this namespace's, alive
+        print(f"a run in Ray namespace {namespace} is already running on this cluster (its actors hold the "
+              f"names); give this run another run.dir name", file=sys.stderr)
+        return 2
+    print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
     run = TrainingRun(config, resume=bool(args.resume))
     stop = {"requested": False}
 
@@ -201,8 +223,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def should_stop() -> bool:
         return stop["requested"] or (deadline is not None and time.monotonic() > deadline)
-
-    import ray
 
     try:
         run.start(should_stop)

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
+from jobs.tensorboard import TensorBoardLog
 from learner.retirement import RetirementController
 from learner.trainer import check_checkpoint
 
@@ -80,7 +81,7 @@ class TrainingRun:
         plan = config.cluster.plan
         self.placement_group, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
-        self.buffer = create_buffer_actor(config.buffer)
+        self.buffer = create_buffer_actor(config.buffer, name="buffer")
         algorithm = config.learner.algorithm
         self.algorithm = ALGORITHMS[algorithm.name]
         self.retirement = None
@@ -99,18 +100,20 @@ class TrainingRun:
             self.teachers = [create_teacher_service(config.teacher, config.model, config.env, index=j,
                                                     prompt=config.rollout.loop.prompt,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
-                                                    scheduling_strategy=strategies["teacher"][j])
+                                                    scheduling_strategy=strategies["teacher"][j],
+                                                    name=f"teacher-{j}")
                              for j in range(plan.teacher.count)]
         rollout = config.rollout.model_copy(update={
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm,
-                                teacher_retired=self.teacher_retired)
+                                teacher_retired=self.teacher_retired, named=True)
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
-                                    num_gpus=plan.learner.gpus, placement=strategies["learner"])
+                                    num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
         if self.teacher_retired:
             self._give_teacher_bundles_to_rollout()
+        self.tensorboard = TensorBoardLog(self.dir / "tensorboard") if config.run.tensorboard else None
         self.rows: list[StepRecord] = []
         self._teacher_pids: list[int] = []
         """The pid of each teacher service at the last step: a new pid is a restart."""
@@ -214,6 +217,8 @@ class TrainingRun:
                          "eval_success": None, "eval_success_by_type": None})
             print(f"sft  {self.version:4d}/{total} loss {stats['loss']:.4f} samples {encoded.num_samples:3d} "
                   f"learn {stats['step_s']:.2f}s", flush=True)
+            if self.tensorboard is not None:
+                self.tensorboard.scalar("warm_start/loss", stats["loss"], self.version)
         self.warm_steps = self.version
         if not rows:
             return
@@ -223,6 +228,8 @@ class TrainingRun:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self._evaluate()
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
+            if self.tensorboard is not None:
+                self.tensorboard.scalar("eval/eval_success", rows[-1]["eval_success"], self.version)
         pq.write_table(pa.Table.from_pylist(rows), self.dir / "warm_start.parquet")
         self.checkpoint()
         if ws.export:
@@ -261,6 +268,8 @@ class TrainingRun:
                                                                             overall):
                     self._retire_teacher()
             self.rows.append(row)
+            if self.tensorboard is not None:
+                self.tensorboard.record(row)
             print(self._line(row), flush=True)
             if step % run.checkpoint_every == 0:
                 self.checkpoint()
@@ -328,6 +337,8 @@ class TrainingRun:
             entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
             clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
             reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
+            **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
+                                           "student_logprob_tail")},
             num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
@@ -440,6 +451,8 @@ class TrainingRun:
         finally:
             self.write_metrics()
             self.metrics.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
             for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers:
                 ray.kill(actor)
             remove_placement_group(self.placement_group)

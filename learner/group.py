@@ -56,7 +56,11 @@ class LearnerRank:
             torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size)
         self.trainer = Trainer(config, model, device=device)
-        self.metrics = ActorMetrics("learner", f"learner-{rank}")
+        self.name = f"learner-{rank}"
+        self.metrics = ActorMetrics("learner", self.name)
+
+    def __repr__(self) -> str:  # the dashboard's Repr column
+        return f"LearnerRank({self.name}, v{self.trainer.version})"
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
               lr: float | None = None) -> dict[str, float]:
@@ -103,7 +107,8 @@ class LearnerGroup:
     """Driver-side handle on N learner ranks."""
 
     def __init__(self, num_ranks: int, config: LearnerConfig, model: ModelConfig, num_cpus: float = 1.0,
-                 num_gpus: float = 0.0, placement: list[Any] | None = None) -> None:
+                 num_gpus: float = 0.0, placement: list[Any] | None = None, named: bool = False) -> None:
+        """`named`: rank r is the named actor `learner-<r>` (in the job's namespace)."""
         import ray
 
         if num_ranks < 1:
@@ -114,6 +119,8 @@ class LearnerGroup:
         self.ranks = []
         for r in range(num_ranks):
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            if named:
+                options["name"] = f"learner-{r}"
             if placement is not None:
                 options["scheduling_strategy"] = placement[r]
             self.ranks.append(actor.options(**options).remote(r, num_ranks, store_path, config, model, backend))

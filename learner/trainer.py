@@ -141,6 +141,24 @@ def micro_batches(sequences: list[TrainSequence], token_budget: int) -> list[lis
     return out
 
 
+def response_tail(loss_mask: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
+    """Whether each trained token lies in the second half of its response, [N, T] bool (False
+    off the mask). A response is the trained tokens of one turn in one row; its first
+    ceil(n/2) tokens are the head, so a one-token response is all head. The seeds compare the
+    teacher-student gap over heads and tails of long responses (docs/algorithms.md §8)."""
+    tail = torch.zeros_like(loss_mask)
+    if not loss_mask.any():
+        return tail
+    num_slots = int(turn_index.max()) + 1
+    rows = torch.arange(loss_mask.shape[0]).unsqueeze(1).expand_as(turn_index)
+    keys = (rows * num_slots + turn_index)[loss_mask]  # [M], non-decreasing: a row's turns follow each other
+    counts = torch.bincount(keys)  # tokens per response
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(keys.numel()) - starts[keys]
+    tail[loss_mask] = 2 * rank >= counts[keys]
+    return tail
+
+
 def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
     """(log-prob of each token under the model, entropy of each position's prediction) [N, T], 0 at
     t=0; with `with_topk` also the log-probs of the teacher's top-k ids at each position [N, T, k]
@@ -223,7 +241,9 @@ class Trainer:
         if global_units == 0:
             raise ValueError("the batch has no trainable response token on any rank")
         sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
-                "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0}
+                "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0,
+                "kl_head": 0.0, "kl_tail": 0.0, "scored_head_tokens": 0.0, "scored_tail_tokens": 0.0,
+                "logp_head": 0.0, "logp_tail": 0.0, "head_tokens": 0.0, "tail_tokens": 0.0}
         max_staleness = 0.0
         # Sampled-token reverse KL and trained tokens per turn index (the seeds' evidence that
         # errors compound over turns), summed over micro-batches, then over ranks.
@@ -254,6 +274,14 @@ class Trainer:
                 for key in ("clip_frac", "mismatch_kl", "reverse_kl", "topk_kl"):
                     sums[key] += out.stats.get(key, 0.0)
                 if mask.any():
+                    tail = response_tail(mask, b.turn_index)
+                    head = mask & ~tail
+                    for part, where in (("head", head), ("tail", tail)):
+                        sums[f"logp_{part}"] += float(b.behaviour_logprobs[where].sum())
+                        sums[f"{part}_tokens"] += float(where.sum())
+                        if b.teacher_logprobs is not None:
+                            sums[f"kl_{part}"] += float((b.behaviour_logprobs - b.teacher_logprobs)[where].sum())
+                            sums[f"scored_{part}_tokens"] += float(where.sum())
                     max_staleness = max(max_staleness, float(b.staleness[mask].max()))
                     turns = b.turn_index[mask]
                     tokens_by_turn += torch.bincount(turns, minlength=num_turn_slots).double()
@@ -291,6 +319,11 @@ class Trainer:
             "reverse_kl": totals["reverse_kl"] / tokens,
             "topk_kl": totals["topk_kl"] / tokens,
             "reverse_kl_by_turn": [kl / n if n else None for kl, n in zip(kl_by_turn.tolist(), tokens_by_turn.tolist())],
+            # The head/tail split of each response (`response_tail`); None where no token (or none scored).
+            **{f"reverse_kl_{part}": totals[f"kl_{part}"] / n if (n := totals[f"scored_{part}_tokens"]) else None
+               for part in ("head", "tail")},
+            **{f"student_logprob_{part}": totals[f"logp_{part}"] / n if (n := totals[f"{part}_tokens"]) else None
+               for part in ("head", "tail")},
             "num_loss_tokens": totals["loss_tokens"],
             "num_tokens": totals["tokens"],
             "num_sequences": totals["sequences"],

@@ -167,6 +167,7 @@ class TeacherService:
 
         self.config = config
         self.scorer = scorer
+        self.name = name
         self.metrics = ActorMetrics("teacher", name)
         self._queue: deque[tuple[list[Trajectory], asyncio.Future, float]] = deque()
         self._wake: asyncio.Event | None = None
@@ -174,6 +175,9 @@ class TeacherService:
         self._latencies: deque[float] = deque(maxlen=2048)
         self._num_requests = self._num_batches = self._num_turns = 0
         self._batch_sizes: deque[int] = deque(maxlen=2048)
+
+    def __repr__(self) -> str:  # the dashboard's Repr column
+        return f"TeacherService({self.name}, {self.config.backend})"
 
     async def score(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """The trajectories with teacher log-probs on every turn."""

@@ -17,7 +17,9 @@ def record(version: int, **totals) -> StepRecord:
                 buffer_put=0, buffer_consumed=0, dropped_stale=0, evicted=0, duplicate_groups=0,
                 rollout_failed_runs=0, teacher_restarts=0, train_success_rate=None, format_error_rate=None,
                 prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, reverse_kl_by_turn=[0.5, None],
-                format_error_rate_by_turn=[0.0], opd_lambda=1.0, horizon_k=10.0,
+                format_error_rate_by_turn=[0.0], response_tokens_per_turn=None, turns_to_success=None,
+                reverse_kl_head=0.4, reverse_kl_tail=0.6, student_logprob_head=-0.5, student_logprob_tail=-0.9,
+                opd_lambda=1.0, horizon_k=10.0,
                 teacher_retired=0.0)
     return StepRecord(**{**base, **totals})
 
@@ -33,20 +35,22 @@ def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
     previous = read_records(path)[-1]
     assert previous.eval_success_by_type == {"go_to": 1.0, "pick_up": 0.0}
     counts = Counts.sum([{"num_episodes": 6, "num_successes": 5, "num_turns": 20, "num_format_errors": 1,
-                          "num_response_tokens": 300, "num_prompt_tokens": 2000, "pid": 7,
+                          "num_response_tokens": 300, "num_prompt_tokens": 2000, "num_success_turns": 15, "pid": 7,
                           "num_turns@0": 6, "num_format_errors@0": 1, "num_turns@2": 4},
                          {"num_episodes": 4, "num_successes": 3, "num_turns": 20, "num_format_errors": 1,
-                          "num_response_tokens": 100, "num_prompt_tokens": 2000, "policy_version": 5,
+                          "num_response_tokens": 100, "num_prompt_tokens": 2000, "num_success_turns": 9,
+                          "policy_version": 5,
                           "num_turns@0": 4, "num_turns@1": 4, "num_format_errors@1": 2}])
     totals = running_totals(previous, counts, {"num_put": 12}, failed_runs=0, teacher_restarts=1, wall_s=4.0)
     assert totals["train_success_rate"] == 0.8 and totals["format_error_rate"] == 0.05
     assert totals["prompt_tokens_per_turn"] == 100.0 and totals["rollout_tokens_per_s"] == 100.0
     assert totals["format_error_rate_by_turn"] == [0.1, 0.5, 0.0]
+    assert totals["response_tokens_per_turn"] == 10.0 and totals["turns_to_success"] == 3.0
     assert (totals["episodes"], totals["successes"], totals["turns"]) == (110, 58, 440)
     assert (totals["buffer_put"], totals["rollout_failed_runs"], totals["teacher_restarts"]) == (312, 1, 1)
     # A step in which no episode finished has no rate (not a stale one, not 0).
     quiet = running_totals(previous, Counts(), {}, failed_runs=0, teacher_restarts=0, wall_s=1.0)
-    assert quiet["train_success_rate"] is None and quiet["episodes"] == 100
+    assert quiet["train_success_rate"] is None and quiet["turns_to_success"] is None and quiet["episodes"] == 100
 
 
 def test_an_older_schema_reads_back_with_nulls(tmp_path):

@@ -17,7 +17,8 @@ from envs.prompt import PromptConfig
 from learner.algorithms import AlgorithmConfig
 from learner.group import free_port, shard_by_episode
 from learner.models import ModelConfig, load_model, load_tokenizer
-from learner.trainer import LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches, token_logprobs
+from learner.trainer import (LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches,
+                             response_tail, token_logprobs)
 
 NANO = ModelConfig(path="tiny:nano")
 
@@ -219,3 +220,15 @@ def test_reverse_kl_is_reported_per_turn_index(trajectories):
     by_turn = stats["reverse_kl_by_turn"]
     assert len(by_turn) == max(t.num_turns for t in trajectories[0::2])
     assert by_turn == pytest.approx([-1.0] * len(by_turn)) and stats["reverse_kl"] == pytest.approx(-1.0)
+    assert stats["reverse_kl_head"] == pytest.approx(-1.0) and stats["reverse_kl_tail"] == pytest.approx(-1.0)
+    assert stats["student_logprob_head"] < 0 and stats["student_logprob_tail"] < 0
+
+
+def test_response_tail_splits_each_response_of_each_row_in_halves():
+    # Row 0: prompt, a 4-token response (turn 0), an observation, a 3-token response (turn 1).
+    # Row 1: a 1-token response (turn 2), then padding.
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    turns = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1], [2, -1, -1, -1, -1, -1, -1, -1, -1]])
+    expected = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(response_tail(mask, turns), expected)
+    assert not response_tail(torch.zeros(1, 3, dtype=torch.bool), torch.zeros(1, 3, dtype=torch.long)).any()
