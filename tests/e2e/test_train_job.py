@@ -1,8 +1,10 @@
 """`python -m jobs.train` for real: a short run, its metrics endpoint, Parquet, checkpoint and resume;
 the same job through `ray job submit` against a head this test starts and stops."""
 
+import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 
 from cluster.local import LOOPBACK_ENV
 from jobs.report import FIGURES
@@ -138,12 +141,48 @@ def readme_commands(heading: str) -> list[str]:
     return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
+def prometheus_binary() -> str:
+    """PROMETHEUS_BIN, else what cluster/fetch_prometheus.sh unpacked (README command (2) runs it), else PATH's."""
+    found = os.environ.get("PROMETHEUS_BIN") or next(
+        (str(p) for p in [ROOT / ".venv/prometheus/usr/bin/prometheus"] if p.exists()), None) or \
+        shutil.which("prometheus")
+    assert found, "no Prometheus server: run `bash cluster/fetch_prometheus.sh` (Debian/Ubuntu) or set PROMETHEUS_BIN"
+    return found
+
+
+def start_prometheus(tmp_path: Path, driver_port: int) -> tuple[subprocess.Popen, int]:
+    """A real Prometheus server with the shipped scrape config; only the driver's port differs
+    (a free one). Ray's targets come from the service-discovery file the head writes."""
+    config = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
+    (job,) = [c for c in config["scrape_configs"] if c["job_name"] == "apprentice"]
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:9400"]}]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{driver_port}"]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = subprocess.Popen([prometheus_binary(), f"--config.file={tmp_path / 'prometheus.yml'}",
+                               f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                               "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return server, port
+
+
+def prometheus_api(port: int, path: str) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}", timeout=10) as response:
+        answer = json.loads(response.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
 def test_the_same_job_through_ray_job_submit(tmp_path):
     """README's recipe as written: activate the environment, start a head, submit, (stop). The
     shell's PATH does not hold the environment otherwise, so a recipe that forgets to activate
     it fails here as it does for a user (the job's `python` would be the system one). Only the
     ports (free ones), `--block`/`--no-wait` and the job's length differ; the test stops the head
-    it started by its process group instead of `ray stop` (which stops every Ray on the machine)."""
+    it started by its process group instead of `ray stop` (which stops every Ray on the machine).
+
+    The observability stack with real parts: a Prometheus server with the shipped scrape config
+    scrapes the job's driver and Ray's per-node endpoint; every series the shipped Grafana
+    dashboard plots must be in Prometheus afterwards. The dashboard's actor list has the run's
+    named actors with their reprs."""
     activate, start, submit_line, stop = readme_commands("## Submitting to a Ray cluster")
     assert activate == "source .venv/bin/activate" and stop == "ray stop"
     activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
@@ -158,7 +197,9 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
     submit_line = submit_line.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{dashboard}")
     assert submit_line.startswith("ray job submit ") and " -- python -m jobs.train --config " in submit_line
     submit_line = submit_line.replace("ray job submit ", "ray job submit --no-wait ", 1)
-    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.metrics_port=null"])
+    driver_port = free_port()
+    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", f"run.metrics_port={driver_port}"])
+    prometheus = None
     try:
         address = f"http://127.0.0.1:{dashboard}"
         deadline = time.monotonic() + 90
@@ -168,9 +209,11 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
                 break
             except OSError:
                 time.sleep(1)
+        # Once the head is up (its session directory holds Ray's service-discovery file).
+        prometheus, prometheus_port = start_prometheus(tmp_path, driver_port)
         # The head's job agent registers a little after the dashboard answers: until then a submit
-        # is refused with "No available agent", which asks to try again.
-        deadline = time.monotonic() + 120
+        # is refused with "No available agent", which asks to try again (minutes on two loaded cores).
+        deadline = time.monotonic() + 300
         while True:
             submitted = subprocess.run(["bash", "-c", f"{activate} && {submit_line} {overrides}"], cwd=ROOT, env=env,
                                        capture_output=True, text=True, timeout=120)
@@ -180,30 +223,39 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
             time.sleep(2)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submitted.stdout + submitted.stderr).group(1)
-        submit = subprocess.Popen([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id],
-                                  cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # The actors' ray.util.metrics series live on Ray's metrics port only while the actors do.
-        wanted = {f"ray_apprentice_{name}" for name in (
-            "learner_version", "learner_step_seconds", "opd_reverse_kl", "buffer_occupancy",
-            "consumed_staleness_bucket", "episodes_total", "rollout_tokens_total", "rollout_turns_total",
-            "teacher_request_seconds_bucket", "teacher_batch_turns")}
-        seen: set[str] = set()
-        deadline = time.monotonic() + 600
-        while submit.poll() is None and time.monotonic() < deadline and seen != wanted:
-            try:
-                text = scrape(ray_metrics)
-                seen |= {name for name in wanted if f"\n{name}{{" in text}
-            except OSError:
-                pass
-            time.sleep(1)
-        out, _ = submit.communicate(timeout=600)
-        assert submit.returncode == 0, out
-        assert "step    6" in out
-        assert seen == wanted, f"missing on Ray's metrics endpoint: {sorted(wanted - seen)}"
+        logs = subprocess.run([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id],
+                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+        assert logs.returncode == 0 and "step    6" in logs.stdout, logs.stdout + logs.stderr
+        namespace = "apprentice-run"  # run.dir's name
+        assert f"ray namespace {namespace}" in logs.stdout
         status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
                                 capture_output=True, text=True, timeout=60)
         assert "succeeded" in (status.stdout + status.stderr).lower()
+        # The dashboard's Actors page: every actor of the run named in the run's namespace, with a repr.
+        listed = subprocess.run([str(ray_bin), "list", "actors", "--address", address, "--detail", "--format", "json",
+                                 "--limit", "1000"], env=job_env(), capture_output=True, text=True, timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        actors = {a["name"]: a for a in json.loads(listed.stdout) if a.get("ray_namespace") == namespace}
+        assert {"buffer", "learner-0", "worker-0", "teacher-0"} <= set(actors), sorted(actors)
+        assert actors["worker-0"]["repr_name"].startswith("RolloutWorker(worker-0, v")
+        assert actors["learner-0"]["repr_name"].startswith("LearnerRank(learner-0, v")
+        assert actors["teacher-0"]["repr_name"] == "TeacherService(teacher-0, oracle)"
+        # Prometheus scraped both targets: the driver's series and the actors' series through Ray
+        # (those live on Ray's endpoint only while the actors do, so only a scrape during the run has them).
+        names = set(prometheus_api(prometheus_port, "label/__name__/values"))
+        dashboard = (ROOT / "cluster" / "grafana_dashboard.json").read_text()
+        plotted = set(re.findall(r"\b(?:ray_)?apprentice_\w+", dashboard))
+        assert plotted and plotted <= names, f"dashboard series Prometheus never scraped: {sorted(plotted - names)}"
+        wanted = {"apprentice_learner_version", "apprentice_rollout_tokens_per_s", "apprentice_buffer_occupancy",
+                  "apprentice_consumed_staleness_bucket", "ray_apprentice_learner_version",
+                  "ray_apprentice_rollout_tokens_total", "ray_apprentice_consumed_staleness_bucket"}
+        assert wanted <= names, sorted(wanted - names)
+        versions = prometheus_api(prometheus_port, "query?query=max_over_time(apprentice_learner_version[1h])")
+        assert [float(v["value"][1]) for v in versions] == [6.0]
     finally:
+        if prometheus is not None:
+            prometheus.terminate()
+            prometheus.wait(timeout=60)
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
 
