@@ -145,25 +145,16 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from teacher.backends import TokenScores
+        from teacher.backends import scores_from_prompt_logprobs
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)
-        scores = []
-        for out, n in zip(outputs, num_response_tokens):
-            ids, lps = out.prompt_token_ids, out.prompt_logprobs
-            positions = range(len(ids) - n, len(ids))
-            logprobs = tuple(float(lps[k][ids[k]].logprob) for k in positions)
-            if not top_k:
-                scores.append(TokenScores(logprobs))
-                continue
-            # Each position holds the top-k (rank 1..k) plus the actual token at its own rank.
-            rows = [sorted((item.rank, token, float(item.logprob)) for token, item in lps[k].items()
-                           if item.rank <= top_k) for k in positions]
-            scores.append(TokenScores(logprobs, tuple(tuple(t for _, t, _ in r) for r in rows),
-                                      tuple(tuple(lp for _, _, lp in r) for r in rows)))
-        return scores
+        return [scores_from_prompt_logprobs(
+                    list(out.prompt_token_ids),
+                    [None if row is None else {t: (item.rank, float(item.logprob)) for t, item in row.items()}
+                     for row in out.prompt_logprobs], n, top_k)
+                for out, n in zip(outputs, num_response_tokens)]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         """Reload full weights in place through vLLM's own loader, then drop the prefix cache."""

@@ -129,7 +129,11 @@ def preflight(config: JobConfig) -> None:
     from learner.models import load_tokenizer
 
     load_tokenizer(config.model)
-    if config.teacher is not None and config.teacher.backend != "oracle":
+    if config.teacher is not None and config.teacher.backend == "remote":
+        from teacher.remote import check_server
+
+        check_server(config.teacher.remote, load_tokenizer(config.model))
+    elif config.teacher is not None and config.teacher.backend != "oracle":
         load_tokenizer(config.teacher.model)
     check_split(config.env, config.rollout.split, "rollout.split")
     check_split(config.env, config.run.eval_split, "run.eval_split")

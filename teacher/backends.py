@@ -37,6 +37,27 @@ class TokenScores:
                            None if self.topk_logprobs is None else self.topk_logprobs[start:stop])
 
 
+def scores_from_prompt_logprobs(token_ids: list[int], rows: list[dict[int, tuple[int, float]] | None],
+                                num_response_tokens: int, top_k: int) -> TokenScores:
+    """TokenScores of the last num_response_tokens of `token_ids` from vLLM's prompt log-probs.
+
+    `rows[j]` maps token id -> (rank, log-prob) at position j (None at j=0): vLLM reports the
+    top-k (ranks 1..k) and the actual token at its own rank. A position whose row lacks the
+    actual token means the server tokenised or scored something else: an error, not a guess.
+    """
+    positions = range(len(token_ids) - num_response_tokens, len(token_ids))
+    missing = [j for j in positions if rows[j] is None or token_ids[j] not in rows[j]]
+    if missing:
+        raise ValueError(f"prompt log-probs lack the scored token at position(s) {missing[:5]} of {len(token_ids)}: "
+                         f"the server did not score these exact token ids")
+    logprobs = tuple(rows[j][token_ids[j]][1] for j in positions)
+    if not top_k:
+        return TokenScores(logprobs)
+    ranked = [sorted((rank, token, lp) for token, (rank, lp) in rows[j].items() if rank <= top_k) for j in positions]
+    return TokenScores(logprobs, tuple(tuple(t for _, t, _ in r) for r in ranked),
+                       tuple(tuple(lp for _, _, lp in r) for r in ranked))
+
+
 class TeacherBackend(Protocol):
     """Per-token log-probs of responses under a teacher model."""
 

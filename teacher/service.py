@@ -27,6 +27,7 @@ from learner.models import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
 from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
+from teacher.remote import RemoteConfig
 
 
 class TeacherConfig(BaseModel):
@@ -34,9 +35,11 @@ class TeacherConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["oracle", "hf", "vllm"] = "oracle"
+    backend: Literal["oracle", "hf", "vllm", "remote"] = "oracle"
     model: ModelConfig = ModelConfig()
     """Teacher weights (hf and vllm backends); must share the student's tokenizer."""
+    remote: RemoteConfig = RemoteConfig()
+    """The server of the remote backend (an OpenAI-compatible API with vLLM's prompt log-probs)."""
     oracle: OracleConfig = OracleConfig()
     skills: tuple[Skill, ...] = ()
     """Privileged context: skills shown to the teacher when their keywords occur in the task."""
@@ -139,23 +142,30 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: 
         from teacher.oracle import ExpertOracleTeacher
 
         return ExpertOracleTeacher(student_tok, config.oracle, env)
-    teacher_tok = load_tokenizer(config.model)
-    check_same_tokenizer(student_tok, teacher_tok)
+    if config.backend == "remote":
+        from teacher.remote import RemoteTeacherBackend
+
+        # The server's tokenizer is checked against the student's (`check_server`): one tokenizer.
+        teacher_tok = student_tok
+        backend = RemoteTeacherBackend(config.remote, student_tok)
+    else:
+        teacher_tok = load_tokenizer(config.model)
+        check_same_tokenizer(student_tok, teacher_tok)
+        if config.backend == "hf":
+            from teacher.backends import HFTeacherBackend
+
+            backend = HFTeacherBackend(load_model(config.model), teacher_tok.pad_token_id, config.max_batch_tokens)
+        else:
+            from actors.vllm_engine import VLLMConfig, VLLMEngine
+            from teacher.backends import VLLMTeacherBackend
+
+            engine = VLLMEngine(resolve_model_dir(config.model), VLLMConfig(),
+                                [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
+            backend = VLLMTeacherBackend(engine)
     prompts = None
     if config.skills:
         prompts = TeacherPromptBuilder(teacher_tok, env.system_prompt, env.tools,
                                        SkillBank(list(config.skills), config.max_skills), prompt)
-    if config.backend == "hf":
-        from teacher.backends import HFTeacherBackend
-
-        backend = HFTeacherBackend(load_model(config.model), teacher_tok.pad_token_id, config.max_batch_tokens)
-    else:
-        from actors.vllm_engine import VLLMConfig, VLLMEngine
-        from teacher.backends import VLLMTeacherBackend
-
-        engine = VLLMEngine(resolve_model_dir(config.model), VLLMConfig(),
-                            [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
-        backend = VLLMTeacherBackend(engine)
     return ModelTeacher(backend, prompts)
 
 
