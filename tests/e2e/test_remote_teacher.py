@@ -1,0 +1,120 @@
+"""The remote teacher against a real vLLM OpenAI-compatible server of the nano model on 127.0.0.1
+(started by the test, stopped by its process group): agreement with the in-process vLLM backend,
+a short OPD run of `jobs.train` scoring through it, and a server that dies while scoring.
+
+The tests share one server and run in file order: the last one kills it.
+"""
+
+import asyncio
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from cluster.vllm_server import ServerConfig, VLLMServer
+from learner.models import ModelConfig, load_tokenizer
+from teacher.backends import ScoreRequest
+from teacher.remote import RemoteConfig, RemoteTeacherBackend, RemoteTeacherError
+from tests.e2e.test_train_job import ROOT, SHORT, free_port, job_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+NANO = ModelConfig(path="tiny:nano")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with VLLMServer(ServerConfig(model=NANO, max_model_len=2048)) as running:
+        yield running
+
+
+def requests(tokenizer, count: int) -> list[ScoreRequest]:
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Go to the red ball."}],
+                                           add_generation_prompt=True)
+    response = tokenizer('<tool_call>\n{"name": "go_forward", "arguments": {}}\n</tool_call><|im_end|>',
+                         add_special_tokens=False)["input_ids"]
+    return [ScoreRequest(tuple(prompt[: len(prompt) - i]), tuple(response)) for i in range(count)]
+
+
+def test_remote_logprobs_match_the_in_process_vllm_backend(server):
+    from actors.vllm_engine import VLLMConfig, VLLMEngine
+    from teacher.backends import VLLMTeacherBackend
+
+    tokenizer = load_tokenizer(NANO)
+    batch = requests(tokenizer, 6)
+    remote = RemoteTeacherBackend(RemoteConfig(url=server.url), tokenizer)
+    local_engine = VLLMEngine(server.model_dir, VLLMConfig(max_model_len=2048),
+                              [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    try:
+        for top_k in (0, 3):
+            here = VLLMTeacherBackend(local_engine).score(batch, top_k)
+            there = remote.score(batch, top_k)
+            for a, b in zip(here, there, strict=True):
+                assert len(a.logprobs) == len(b.logprobs) == len(batch[0].response_ids)
+                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+                assert a.topk_ids == b.topk_ids
+                if top_k:
+                    assert max(abs(x - y) for ra, rb in zip(a.topk_logprobs, b.topk_logprobs)
+                               for x, y in zip(ra, rb)) < 1e-4
+    finally:
+        local_engine.close()
+        remote.close()
+
+
+def test_a_short_opd_run_scores_through_the_remote_teacher(server, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=3",
+                           "run.eval_every=0", f"run.metrics_port={free_port()}", "teacher.backend=remote",
+                           f"teacher.remote.url={server.url}"], cwd=ROOT, env=job_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step    3" in proc.stdout
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    # Scored by the served model: the nano student against the same weights, so the sampled
+    # tokens' reverse KL is ~0 (the rollout engine's weights move by 3 small steps).
+    assert len(rows) == 3 and all(r["num_loss_tokens"] > 0 and abs(r["reverse_kl"]) < 0.5 for r in rows)
+    assert all(r["topk_kl"] > 0 for r in rows)
+
+
+def test_a_bad_url_fails_before_any_actor_starts(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens once the socket is closed
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={tmp_path / 'run'}",
+                           "teacher.backend=remote", f"teacher.remote.url=http://127.0.0.1:{closed}/v1",
+                           "teacher.remote.timeout_s=2"], cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "does not answer" in proc.stderr and "Traceback" not in proc.stderr
+    assert "ray namespace" not in proc.stdout  # stopped before connecting to Ray
+
+
+def test_a_server_killed_while_scoring_fails_every_waiting_caller(server):
+    """Retried by the client, then one clear error for each caller of the batch; no caller gets
+    a partial answer (the rollout worker's delivery fails, so its group is never stored)."""
+    from teacher.service import ModelTeacher, TeacherConfig, TeacherService
+
+    tokenizer = load_tokenizer(NANO)
+    backend = RemoteTeacherBackend(RemoteConfig(url=server.url, max_retries=2, timeout_s=10), tokenizer)
+    service = TeacherService(TeacherConfig(backend="remote"), ModelTeacher(backend))
+    trajectories = trajectories_of(requests(tokenizer, 4))
+
+    async def scenario():
+        assert len(await service.score(trajectories[:1])) == 1  # the server answers
+        server.stop()
+        return await asyncio.gather(*(service.score([t]) for t in trajectories), return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(o, RemoteTeacherError) for o in outcomes), outcomes
+    assert "after 2 retries" in str(outcomes[0])
+
+
+def trajectories_of(batch: list[ScoreRequest]):
+    from buffer.contracts import Trajectory, Turn
+
+    return [Trajectory(trajectory_id=f"t{i}", group_id="g", split="train", task_seed=i, task_type="go_to",
+                       turns=(Turn(turn_index=0, prompt_ids=r.prompt_ids, response_ids=r.response_ids,
+                                   behaviour_logprobs=(-1.0,) * len(r.response_ids), policy_version=0),),
+                       success=False, outcome_reward=0.0, format_reward=0.0)
+            for i, r in enumerate(batch)]
