@@ -27,12 +27,14 @@ i * num_workers + w, would need 10^8 groups to get there)."""
 
 
 class RolloutPool:
-    """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers)."""
+    """Driver-side handle on the workers; worker i sends its groups to teacher i mod len(teachers),
+    except the trajectories that `routes` send to one of `routed_teachers` (name -> service)."""
 
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
-                 algorithm=None, teacher_retired: bool = False, named: bool = False) -> None:
+                 algorithm=None, teacher_retired: bool = False, named: bool = False,
+                 routed_teachers: dict[str, Any] | None = None, routes: tuple = ()) -> None:
         """`env`, `algorithm` and `teacher_retired`: see `RolloutWorker`; `named`: worker i is the
         named actor `worker-<i>` (in the job's namespace)."""
         import ray
@@ -46,6 +48,7 @@ class RolloutPool:
         self._env, self._algorithm = env, algorithm
         self.max_restarts = max_restarts
         self.named = named
+        self._routed = (dict(routed_teachers or {}), tuple(routes))
         self.workers = []
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
@@ -75,8 +78,9 @@ class RolloutPool:
         if strategy is not None:
             options["scheduling_strategy"] = strategy
         config, model, buffer = self._shared
+        routed, routes = self._routed if not teacher_retired else ({}, ())
         return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
-                                                     self._env, self._algorithm, teacher_retired)
+                                                     self._env, self._algorithm, teacher_retired, routed, routes)
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
         """Start `count` more workers (into the bundles a retired teacher left), without its scoring stage,

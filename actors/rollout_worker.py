@@ -37,6 +37,7 @@ from envs.registry import EnvConfig, default_env_config, make_env
 from jobs.records import FORMAT_ERRORS_AT, TURNS_AT
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from learner.models import ModelConfig
+from teacher.routing import DEFAULT_ROUTE, merge_routed, split_by_route
 
 
 class RolloutConfig(BaseModel):
@@ -86,11 +87,14 @@ class RolloutWorker:
 
     def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
-                 teacher_retired: bool = False) -> None:
+                 teacher_retired: bool = False, routed_teachers: dict[str, Any] | None = None,
+                 routes: tuple = ()) -> None:
         """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
         `env`: the job's environment (default: the default environment); `algorithm`: whose
         group-end stages run on each finished group (None: groups go to the buffer as played);
-        `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out."""
+        `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out;
+        `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
+        of `teacher` (teacher.routing)."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -99,13 +103,15 @@ class RolloutWorker:
         self.index, self.stream = worker_index, stream
         self.owner = f"worker-{worker_index}"
         self.config = config
-        self.buffer, self.teacher = buffer, teacher
+        self.buffer = buffer
+        self.teachers = {**({DEFAULT_ROUTE: teacher} if teacher is not None else {}), **(routed_teachers or {})}
+        self.routes = tuple(routes)
         self.env_config = env or default_env_config()
         self._teacher_calls = 0
         self.stages = []
         self.curriculum = None
         if algorithm is not None:
-            context = StageContext(worker_index, None if teacher is None else self._score)
+            context = StageContext(worker_index, self._score if self.teachers else None)
             self.stages = [(factory.__name__, factory(algorithm, context))
                            for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)
                            if not (teacher_retired and factory is teacher_scores)]
@@ -127,19 +133,22 @@ class RolloutWorker:
         return os.getpid()
 
     async def _score(self, trajectories):
-        if self.teacher is None:  # retired while this group's delivery was under way: unscored
+        if not self.teachers:  # retired while this group's delivery was under way: unscored
             return trajectories
+        parts = split_by_route(trajectories, self.routes)
         self._teacher_calls += 1
         try:
-            return await self.teacher.score.remote(trajectories)
+            scored = await asyncio.gather(*(self.teachers[name].score.remote([trajectories[i] for i in indices])
+                                            for name, indices in parts.items()))
         finally:
             self._teacher_calls -= 1
+        return merge_routed(len(trajectories), parts, scored)
 
     async def retire_teacher(self) -> None:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so
         the driver can then kill it without failing a delivery."""
         self.stages = [(name, stage) for name, stage in self.stages if name != teacher_scores.__name__]
-        self.teacher = None
+        self.teachers = {}
         while self._teacher_calls:
             await asyncio.sleep(0.05)
 

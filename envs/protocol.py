@@ -84,6 +84,11 @@ class TextEnv(Protocol):
     """Task splits `reset` accepts."""
 
     @property
+    def task_types(self) -> tuple[str, ...]:
+        """The task families its tasks are drawn from (`TaskInfo.task_type`; teacher routes name them)."""
+        ...
+
+    @property
     def tools(self) -> list[dict[str, Any]]:
         """Tool schemas in the OpenAI/HF `tools` format."""
         ...

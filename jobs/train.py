@@ -33,12 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from actors.rollout_worker import RolloutConfig
 from buffer.actor import BufferConfig
 from cluster.plan import ResourcePlan
-from envs.registry import EnvSection, check_split, default_env_config
+from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
 from jobs.warm_start import WarmStartConfig
 from learner.algorithms import ALGORITHMS
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
+from teacher.routing import TeacherRoute, check_routes
 from teacher.service import TeacherConfig
 
 
@@ -89,6 +90,9 @@ class JobConfig(BaseModel):
     """The environment every part of the job builds: `name` picks a registered one (envs.registry)."""
     rollout: RolloutConfig = RolloutConfig()
     teacher: TeacherConfig | None = TeacherConfig()
+    """The default teacher; None with no teacher, or when `teacher_routes` route every task."""
+    teacher_routes: tuple[TeacherRoute, ...] = ()
+    """More teachers, each scoring the samples its route matches (teacher.routing)."""
     buffer: BufferConfig = BufferConfig()
     learner: LearnerConfig = LearnerConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -98,14 +102,21 @@ class JobConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         algorithm = self.learner.algorithm
-        if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None:
+        if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None and not self.teacher_routes:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
+        if self.teacher_routes:
+            env = make_env(self.env)
+            check_routes(self.teacher_routes, self.teacher is not None, env.task_types, env.splits)
+            if ALGORITHMS[algorithm.name].retires:
+                raise ValueError("RetireOPD retires one teacher: teacher_routes cannot be combined with it")
         if ALGORITHMS[algorithm.name].retires and algorithm.retirement.teacher_success is None \
                 and self.teacher is not None and self.teacher.backend != "oracle":
             raise ValueError("learner.algorithm.retirement.teacher_success must be set for a model teacher "
                              "(its eval success with privileged context); only the oracle's is measured here")
-        if algorithm.topk_kl_coef and (self.teacher is None or not self.teacher.top_k):
-            raise ValueError("learner.algorithm.topk_kl_coef > 0 needs the teacher's top-k: set teacher.top_k > 0")
+        teachers = ([self.teacher] if self.teacher is not None else []) + [r.teacher for r in self.teacher_routes]
+        if algorithm.topk_kl_coef and (not teachers or not all(t.top_k for t in teachers)):
+            raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
+                             "(and teacher_routes[*].teacher.top_k)")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
         rollout = self.rollout
@@ -129,12 +140,13 @@ def preflight(config: JobConfig) -> None:
     from learner.models import load_tokenizer
 
     load_tokenizer(config.model)
-    if config.teacher is not None and config.teacher.backend == "remote":
-        from teacher.remote import check_server
+    for teacher in ([config.teacher] if config.teacher is not None else []) + [r.teacher for r in config.teacher_routes]:
+        if teacher.backend == "remote":
+            from teacher.remote import check_server
 
-        check_server(config.teacher.remote, load_tokenizer(config.model))
-    elif config.teacher is not None and config.teacher.backend != "oracle":
-        load_tokenizer(config.teacher.model)
+            check_server(teacher.remote, load_tokenizer(config.model))
+        elif teacher.backend != "oracle":
+            load_tokenizer(teacher.model)
     check_split(config.env, config.rollout.split, "rollout.split")
     check_split(config.env, config.run.eval_split, "run.eval_split")
     algorithm = ALGORITHMS[config.learner.algorithm.name]

@@ -97,18 +97,24 @@ class TrainingRun:
         # rollout worker i sends its groups to teacher i mod M.
         self.teachers = []
         if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and not self.teacher_retired:
-            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, index=j,
-                                                    prompt=config.rollout.loop.prompt,
+            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=f"teacher-{j}",
+                                                    prompt=config.rollout.loop.prompt, named=True,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
-                                                    scheduling_strategy=strategies["teacher"][j],
-                                                    name=f"teacher-{j}")
+                                                    scheduling_strategy=strategies["teacher"][j])
                              for j in range(plan.teacher.count)]
+        # Routed teachers: one service each, without a bundle (remote servers or the oracle).
+        routed = {route.name: create_teacher_service(route.teacher, config.model, config.env,
+                                                     name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
+                                                     named=True, num_cpus=0)
+                  for route in config.teacher_routes} if self.algorithm.uses_teacher(algorithm) else {}
         rollout = config.rollout.model_copy(update={
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm,
-                                teacher_retired=self.teacher_retired, named=True)
+                                teacher_retired=self.teacher_retired, named=True, routed_teachers=routed,
+                                routes=config.teacher_routes)
+        self.teachers += list(routed.values())  # their stats, restarts and the final kill too
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
         if self.teacher_retired:

@@ -268,12 +268,14 @@ class _ServiceActor(TeacherService):
 
 
 def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig,
-                           index: int = 0, prompt: PromptConfig = PromptConfig(), **options):
-    """Start the TeacherService actor `teacher-<index>`; `env_config` and `prompt`: the job's
-    environment and the rollout's prompt config."""
+                           name: str = "teacher-0", prompt: PromptConfig = PromptConfig(), named: bool = False,
+                           **options):
+    """Start a TeacherService actor called `name` (its metrics' actor tag; with `named`, also its
+    Ray actor name); `env_config` and `prompt`: the job's environment and the rollout's prompt config."""
     import ray
 
     options.setdefault("num_cpus", 1)
     options.update(max_restarts=config.max_restarts, max_task_retries=-1)
-    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, env_config,
-                                                               f"teacher-{index}", prompt)
+    if named:
+        options["name"] = name
+    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, env_config, name, prompt)

@@ -80,6 +80,10 @@ class BabyAITextEnv:
         return BABYAI_TOOLS
 
     @property
+    def task_types(self) -> tuple[str, ...]:
+        return tuple(self.config.task_types)
+
+    @property
     def level(self) -> RoomGridLevel:
         """The minigrid level of the current episode (the expert bot reads it)."""
         if self._level is None:

@@ -39,7 +39,7 @@ def test_pool_with_oracle_teachers_fills_the_buffer(ray_session):
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     teachers = [create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
-                                       BabyAITextConfig(), index=j, num_cpus=0)
+                                       BabyAITextConfig(), name=f"teacher-{j}", num_cpus=0)
                 for j in range(2)]
     pool = RolloutPool(2, rollout_config(), NANO, buffer, teachers, num_cpus=0.5,
                        algorithm=AlgorithmConfig(name="opd"))
@@ -67,6 +67,30 @@ def test_pool_with_oracle_teachers_fills_the_buffer(ray_session):
         assert stats[w]["num_turns_scored"] == sum(1 for s in samples if s.group_id.startswith(f"worker-{w}:"))
     buffer_stats = ray.get(buffer.stats.remote())
     assert buffer_stats["num_outstanding_groups"] == 0 and buffer_stats["num_duplicate_groups"] == 0
+
+
+def test_routed_teacher_scores_exactly_the_samples_its_route_matches(ray_session):
+    import ray
+
+    from teacher.routing import TeacherRoute
+
+    env = BabyAITextConfig(task_types=("go_to", "pick_up"))
+    oracle = TeacherConfig(backend="oracle", batch_window_s=0.05)
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    default = create_teacher_service(oracle, NANO, env, name="teacher-0", num_cpus=0)
+    routed = create_teacher_service(oracle, NANO, env, name="teacher-pickup", num_cpus=0)
+    route = TeacherRoute(name="pickup", values=("pick_up",), teacher=oracle)
+    pool = RolloutPool(1, rollout_config(), NANO, buffer, [default], num_cpus=0.5, env=env,
+                       algorithm=AlgorithmConfig(name="opd"), routed_teachers={"pickup": routed}, routes=(route,))
+    pool.start(max_groups_per_worker=4)
+    pool.wait(timeout_s=300)
+    samples = drain(ray, buffer)
+    assert len({s.group_id for s in samples}) == 4 and all(s.teacher_logprobs is not None for s in samples)
+    pick_up = sum(1 for s in samples if s.task_type == "pick_up")
+    assert 0 < pick_up < len(samples)
+    default_stats, routed_stats = ray.get([default.stats.remote(), routed.stats.remote()])
+    assert routed_stats["num_turns_scored"] == pick_up
+    assert default_stats["num_turns_scored"] == len(samples) - pick_up
 
 
 def test_group_end_hook_sets_grpo_advantages(ray_session):

@@ -36,6 +36,7 @@ class LampEnv:
 
     system_prompt = "You control lamps. Call exactly one tool."
     splits = ("train",)
+    task_types = ("switch",)
 
     def __init__(self, config: LampConfig) -> None:
         self.config = config
