@@ -239,10 +239,11 @@ class SimRolloutWorker:
 
 
 def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostModel, work: Workload,
-             scale: float, div: int) -> dict:
+             scale: float, div: int, staleness_of: str = "turn") -> dict:
     """The simulated cluster for num_steps learner steps; rates in simulated seconds."""
     buffer = create_buffer_actor(BufferConfig(capacity_samples=65536, max_staleness=max_staleness,
-                                              batch_size=work.batch_samples, samples_per_episode_prior=5.0))
+                                              batch_size=work.batch_samples, samples_per_episode_prior=5.0,
+                                              staleness_of=staleness_of))
     teachers = [ray.remote(SimTeacher).options(num_cpus=0).remote(cost, scale) for _ in range(work.num_teachers)]
     workers = [ray.remote(SimRolloutWorker).options(num_cpus=0).remote(i, buffer, teachers, cost, work, scale, div)
                for i in range(work.num_workers)]
@@ -320,12 +321,13 @@ def buffer_samples_per_s(work: Workload, num_groups: int = 40) -> float:
         ray.kill(buffer)
 
 
-def real_run(max_staleness: int, steps: int, workdir: Path) -> dict:
+def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = "turn") -> dict:
     """The embedded default through `python -m jobs.train`; rates from its metrics.parquet."""
     import pyarrow.parquet as pq
 
     run_dir = workdir / f"staleness{max_staleness}"
-    cmd = [sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_opd_tiny.yaml", f"buffer.max_staleness={max_staleness}",
+    cmd = [sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_opd_tiny.yaml",
+           f"buffer.max_staleness={max_staleness}", f"buffer.staleness_of={staleness_of}",
            "warm_start.num_episodes=0", f"run.steps={steps}", "run.eval_every=0", f"run.dir={run_dir}",
            f"run.checkpoint_every={steps}", "run.eval_tasks=4", "run.metrics_port=null"]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -350,19 +352,23 @@ def main() -> None:
     parser.add_argument("--extra-bounds", type=int, nargs="*", default=[4],
                         help="more max_staleness values for the simulated cluster (printed, not in RESULT)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
+    parser.add_argument("--staleness-of", choices=("turn", "episode"), default="turn",
+                        help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
+                             "from; the synchronous baseline always counts per turn)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     cost, work = CostModel(), Workload()
     init_local_ray(num_cpus=2)
     try:
-        sim = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale, args.payload_div)
+        sim = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale, args.payload_div,
+                           "turn" if s == 0 else args.staleness_of)  # bound 0 per turn: truly synchronous
                for s in sorted({0, 2, *args.extra_bounds})}
         buffer_rate = buffer_samples_per_s(work)
         headroom = buffer_rate / sim[2]["samples_per_s"]
     finally:
         ray.shutdown()
-    print(f"buffer actor with full-size groups: {buffer_rate:.0f} samples/s")
+    print(f"buffer actor with full-size groups: {buffer_rate:.0f} samples/s; staleness counted per {args.staleness_of}")
     for s, r in sim.items():
         print(f"simulated gpu-8, max_staleness={s}: {r['samples_per_s']:.1f} samples/s, "
               f"{r['sim_s_per_step']:.1f} s/step, learner idle {r['learner_idle']:.3f}, "
@@ -371,7 +377,8 @@ def main() -> None:
     real = {}
     if not args.skip_real:
         with tempfile.TemporaryDirectory() as tmp:
-            real = {s: real_run(s, args.real_steps, Path(tmp)) for s in (0, 2)}
+            real = {s: real_run(s, args.real_steps, Path(tmp), "turn" if s == 0 else args.staleness_of)
+                    for s in (0, 2)}
         for s, r in real.items():
             print(f"real tiny default (2 cores), max_staleness={s}: {r['samples_per_s']:.2f} samples/s, "
                   f"learner idle {r['learner_idle']:.3f}, consumed staleness {r['staleness']}, "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,12 @@ class BufferConfig(BaseModel):
     """B: samples the learner consumes per step (admission control's unit of room)."""
     samples_per_episode_prior: float = Field(default=4.0, gt=0)
     """Expected samples per episode until the first episodes finish."""
+    staleness_of: Literal["turn", "episode"] = "turn"
+    """Which version Δmax counts from. turn: each sample's own (the weights that wrote that
+    turn), so an episode longer than Δmax learner steps loses its early turns. episode: the
+    version of its episode's last turn for every sample of the episode, so Δmax bounds how long
+    a finished episode waits; earlier turns may be older, which the learner's off-policy
+    correction (each token's own behaviour log-prob) accounts for (docs/algorithms.md §6)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class EncodedSamples:
     """encode_table's Arrow IPC bytes (SAMPLE_SCHEMA), uint8, shape [num_bytes]."""
     policy_versions: tuple[int, ...]
     """Policy version of each row, shape [num_samples]."""
+    episode_versions: tuple[int, ...]
+    """Policy version of the last turn of each row's episode, shape [num_samples]."""
+
     @property
     def num_samples(self) -> int:
         return len(self.policy_versions)
@@ -70,7 +79,8 @@ class SampleBatch:
     rows: tuple[tuple[int, ...], ...]
     """Row indices taken from each table, shape [num_tables][rows of that table]."""
     policy_versions: tuple[tuple[int, ...], ...]
-    """Policy version of each of those rows, same shape as rows."""
+    """The version staleness was counted from for each of those rows (BufferConfig.staleness_of:
+    the row's own policy version, or its episode's last), same shape as rows."""
 
     @property
     def num_samples(self) -> int:
@@ -155,7 +165,8 @@ class ReplayBuffer:
         self._next_key += 1
         # The buffer owns the copy it puts: a table outlives the worker that sent it.
         self._tables[key] = [ray.put(samples.data), samples.num_samples, samples.num_bytes]
-        evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(samples.policy_versions)])
+        versions = samples.policy_versions if self.config.staleness_of == "turn" else samples.episode_versions
+        evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(versions)])
         self._new_data.set()
         self._export()
         return evicted
@@ -265,7 +276,10 @@ def decode_table(data: np.ndarray) -> pa.Table:
 def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:
     """Expand trajectories into samples, encoded as one Arrow table for `put`."""
     samples = [s for t in trajectories for s in expand(t)]
-    return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples))
+    # Turns are in order and a turn is never older than the one before it: the last is the newest.
+    episode_versions = tuple(t.turns[-1].policy_version for t in trajectories for _ in t.turns)
+    return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples),
+                          episode_versions)
 
 
 def fetch_samples(batch: SampleBatch) -> pa.Table:

@@ -82,7 +82,8 @@ class StepRecord:
     max_staleness: int
     mean_staleness: float
     sample_versions: list[int]
-    """Policy version of each trained sample, shape [num_samples]."""
+    """Version each trained sample's staleness was counted from (buffer.staleness_of: its own
+    policy version, or its episode's last turn's), shape [num_samples]."""
     learner_step_s: float
     learner_idle_s: float
     """Time the learner waited for the batch."""

@@ -1,5 +1,7 @@
 """The replay buffer actor with several producer actors and one consumer."""
 
+import dataclasses
+
 import pytest
 
 from buffer.actor import BufferConfig, SampleBatch, create_buffer_actor, encode_trajectories, fetch_samples
@@ -92,6 +94,29 @@ def test_staleness_filter_and_version_sweep(ray_mod):
     assert stats["num_dropped_stale"] == 2 and stats["staleness_histogram"] == {0: 2}
     with pytest.raises(ray.exceptions.RayTaskError, match="went backwards"):
         ray.get(buffer.get.remote(1, learner_version=1, timeout_s=0))
+
+
+def test_staleness_counted_per_episode_keeps_the_early_turns_of_a_long_episode(ray_mod):
+    ray = ray_mod
+    # A 4-turn episode whose turns came from versions 0, 1, 2 and 3 (weights updated between turns).
+    long = trajectory("long", 4, 0)
+    long = dataclasses.replace(long, turns=tuple(dataclasses.replace(t, policy_version=k)
+                                                 for k, t in enumerate(long.turns)))
+    encoded = encode_trajectories([long, trajectory("short", 2, 3)])
+    assert encoded.policy_versions == (0, 1, 2, 3, 3, 3) and encoded.episode_versions == (3, 3, 3, 3, 3, 3)
+    kept = {}
+    for staleness_of in ("turn", "episode"):
+        buffer = create_buffer_actor(BufferConfig(max_staleness=2, staleness_of=staleness_of))
+        ray.get(buffer.put.remote(encoded))
+        batch = ray.get(buffer.get.remote(10, learner_version=4, timeout_s=0.1))
+        samples = table_to_samples(fetch_samples(batch))
+        kept[staleness_of] = [(s.trajectory_id, s.turn_index, s.policy_version) for s in samples]
+        # The batch says which version staleness was counted from; the samples keep their own.
+        assert [v for vs in batch.policy_versions for v in vs] == \
+            ([s.policy_version for s in samples] if staleness_of == "turn" else [3] * len(samples))
+        ray.kill(buffer)
+    assert kept["turn"] == [("long", 2, 2), ("long", 3, 3), ("short", 0, 3), ("short", 1, 3)]
+    assert kept["episode"] == [("long", k, k) for k in range(4)] + [("short", 0, 3), ("short", 1, 3)]
 
 
 def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
