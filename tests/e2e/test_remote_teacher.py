@@ -29,8 +29,9 @@ def server():
 
 
 def requests(tokenizer, count: int) -> list[ScoreRequest]:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Go to the red ball."}],
-                                           add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Go to the red ball."}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     response = tokenizer('<tool_call>\n{"name": "go_forward", "arguments": {}}\n</tool_call><|im_end|>',
                          add_special_tokens=False)["input_ids"]
     return [ScoreRequest(tuple(prompt[: len(prompt) - i]), tuple(response)) for i in range(count)]

@@ -253,7 +253,7 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
                   "ray_apprentice_rollout_tokens_total", "ray_apprentice_consumed_staleness_bucket"}
         assert wanted <= names, sorted(wanted - names)
         versions = prometheus_api(prometheus_port, "query?query=max_over_time(apprentice_learner_version[1h])")
-        assert [float(v["value"][1]) for v in versions] == [6.0]
+        assert [float(v["value"][1]) for v in versions["result"]] == [6.0]
     finally:
         if prometheus is not None:
             prometheus.terminate()
