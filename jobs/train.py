@@ -99,6 +99,11 @@ class JobConfig(BaseModel):
     cluster: ClusterConfig = ClusterConfig()
     run: RunConfig = RunConfig()
 
+    @property
+    def teachers(self) -> list[TeacherConfig]:
+        """The default teacher (if any), then the routed ones."""
+        return ([self.teacher] if self.teacher is not None else []) + [r.teacher for r in self.teacher_routes]
+
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         algorithm = self.learner.algorithm
@@ -113,8 +118,7 @@ class JobConfig(BaseModel):
                 and self.teacher is not None and self.teacher.backend != "oracle":
             raise ValueError("learner.algorithm.retirement.teacher_success must be set for a model teacher "
                              "(its eval success with privileged context); only the oracle's is measured here")
-        teachers = ([self.teacher] if self.teacher is not None else []) + [r.teacher for r in self.teacher_routes]
-        if algorithm.topk_kl_coef and (not teachers or not all(t.top_k for t in teachers)):
+        if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
         if self.buffer.max_staleness < 0:
@@ -140,7 +144,7 @@ def preflight(config: JobConfig) -> None:
     from learner.models import load_tokenizer
 
     load_tokenizer(config.model)
-    for teacher in ([config.teacher] if config.teacher is not None else []) + [r.teacher for r in config.teacher_routes]:
+    for teacher in config.teachers:
         if teacher.backend == "remote":
             from teacher.remote import check_server
 
