@@ -1,6 +1,6 @@
 """The remote teacher backend against a fake OpenAI-compatible server on loopback: parsing of vLLM's
 prompt log-probs, retries, the tokenizer check, and the errors a user sees. (The real `vllm serve`
-is in tests/integration/test_remote_teacher.py.)"""
+is in tests/e2e/test_remote_teacher_server.py.)"""
 
 import json
 import threading
