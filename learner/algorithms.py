@@ -51,11 +51,13 @@ class AlgorithmConfig(BaseModel):
     topk_kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the forward KL to the teacher's top-k at each response token, added to the loss
     (needs teacher.top_k > 0); 0: off."""
-    opd_advantage_clip: float | None = Field(default=None, gt=0)
-    """Bound |A_t| of the OPD token advantage (None: unbounded). A token the teacher finds
+    opd_advantage_clip: float | None = Field(default=5.0, gt=0)
+    """Bound |A_t| of the OPD token advantage, in nats (None: unbounded). A token the teacher finds
     near-impossible (the oracle's log(ε/V) for a response that leaves every valid call, about
-    -14) otherwise outweighs every other token of the batch; bounded, it still says "less of
-    this" at full strength without swamping the tokens that choose the action."""
+    -14; a served teacher's log-prob of a token outside its nucleus, -20 or lower) otherwise
+    outweighs every other token of the batch; bounded, it still says "less of this" at full
+    strength without swamping the tokens that choose the action. The default 5 leaves every
+    advantage of a teacher and student that roughly agree (|A| of a few nats) untouched."""
     opd_lambda: float = Field(default=0.01, ge=0)
     """λ of the joint loss L_GRPO + λ L_OPD (RetireOPD)."""
     drop_zero_variance_groups: bool = True

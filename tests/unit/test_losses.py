@@ -90,7 +90,9 @@ def test_opd_advantage_clip_bounds_the_divergence_token():
     out = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd", opd_advantage_clip=3.0))
     out.loss_sum.backward()
     assert logp.grad[0].tolist() == pytest.approx([3.0, -1.95])  # -13.7 bounded to -3; 1.95 untouched
-    unbounded = ALGORITHMS["opd"].loss(logp.detach(), b, AlgorithmConfig(name="opd"))
+    unbounded = ALGORITHMS["opd"].loss(logp.detach(), b, AlgorithmConfig(name="opd", opd_advantage_clip=None))
+    by_default = ALGORITHMS["opd"].loss(logp.detach(), b, AlgorithmConfig(name="opd"))
+    assert by_default.loss_sum.item() == pytest.approx(5.0 - 1.95)  # bounded at 5 nats unless configured
     assert unbounded.loss_sum.item() == pytest.approx(13.7 - 1.95)
     # reverse KL is still the unbounded estimate (a diagnostic, not the loss).
     assert out.stats["reverse_kl"] == unbounded.stats["reverse_kl"]
