@@ -137,9 +137,12 @@ class MetricsExporter:
         (series.labels(**labels) if labels else series).set(value)
 
     def inc(self, name: str, amount: float, **labels: str) -> None:
+        series = self.series[name]
+        # Creating the labelled child exports it at 0 before its first event, so a query (or a
+        # dashboard panel) over a counter that has not moved yet finds the series.
+        child = series.labels(**labels) if labels else series
         if amount > 0:
-            series = self.series[name]
-            (series.labels(**labels) if labels else series).inc(amount)
+            child.inc(amount)
 
     def observe(self, name: str, value: float, count: int = 1) -> None:
         for _ in range(count):

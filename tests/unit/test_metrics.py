@@ -54,3 +54,14 @@ def test_dashboard_queries_name_catalogue_series():
                 assert recorders - {"driver"}, f"no actor records {base}: {expr}"
             else:
                 assert "driver" in recorders, f"the driver does not export {base}: {expr}"
+
+
+def test_a_labelled_counter_is_exported_at_zero_before_its_first_event():
+    from prometheus_client import generate_latest
+
+    from cluster.metrics import MetricsExporter
+
+    exporter = MetricsExporter(port=None)
+    exporter.inc("buffer_dropped", 0, reason="stale")
+    text = generate_latest(exporter.registry).decode()
+    assert 'apprentice_buffer_dropped_total{reason="stale"} 0.0' in text
