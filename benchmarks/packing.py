@@ -32,7 +32,7 @@ def main() -> None:
     from buffer.contracts import Trajectory, Turn
     from buffer.expansion import expand, to_sequences
     from learner.algorithms import AlgorithmConfig
-    from learner.group import free_port
+    from cluster.local import free_port
     from learner.models import ModelConfig
     from learner.trainer import LearnerConfig, Trainer
 

@@ -23,6 +23,15 @@ WORKER_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "
 LOOPBACK_IP = "127.0.0.1"
 
 
+def free_port(host: str = LOOPBACK_IP) -> int:
+    """A port nothing listens on now (the caller binds it next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def configure_loopback() -> None:
     """Put LOOPBACK_ENV into this process's environment (values already set are kept)."""
     for key, value in LOOPBACK_ENV.items():

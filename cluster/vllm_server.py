@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cluster.local import free_port
 from learner.models import ModelConfig
 
 
@@ -45,12 +45,6 @@ class ServerConfig(BaseModel):
     """On CPU, `--gpu-memory-utilization` is the share of host memory vLLM reserves."""
     cpu_kv_cache_gib: int = Field(default=1, ge=1)
     startup_timeout_s: float = Field(default=300.0, gt=0)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:

@@ -10,7 +10,6 @@ GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import uuid
 from typing import Any
@@ -21,12 +20,6 @@ from buffer.expansion import to_sequences
 from learner.algorithms import AlgorithmConfig
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig, Trainer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shard_by_episode(samples: list, rank: int, world_size: int) -> list:

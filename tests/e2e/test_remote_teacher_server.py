@@ -16,7 +16,8 @@ from cluster.vllm_server import ServerConfig, VLLMServer
 from learner.models import ModelConfig, load_tokenizer
 from teacher.backends import ScoreRequest
 from teacher.remote import RemoteConfig, RemoteTeacherBackend, RemoteTeacherError
-from tests.e2e.test_train_job import ROOT, SHORT, free_port, job_env
+from cluster.local import free_port
+from tests.e2e.test_train_job import ROOT, SHORT, job_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 NANO = ModelConfig(path="tiny:nano")

@@ -15,19 +15,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from cluster.local import LOOPBACK_ENV
+from cluster.local import LOOPBACK_ENV, free_port
 from jobs.report import FIGURES
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
          "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "run.eval_every=2", "run.eval_tasks=4",
          "run.checkpoint_every=2", "warm_start.num_episodes=0"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env():

@@ -19,7 +19,7 @@ from envs.tools import function_tool
 from jobs.config import ConfigError, load_config
 from learner.algorithms import (ALGORITHMS, Algorithm, AlgorithmConfig, LossOutput, StageContext, _aggregate,
                                 register_algorithm)
-from learner.group import free_port
+from cluster.local import free_port
 from learner.models import ModelConfig, load_tokenizer
 from learner.trainer import LearnerConfig, Trainer
 

@@ -15,7 +15,8 @@ from buffer.expansion import expand, to_sequences
 from envs.babyai_text import BabyAITextEnv
 from envs.prompt import PromptConfig
 from learner.algorithms import AlgorithmConfig
-from learner.group import free_port, shard_by_episode
+from cluster.local import free_port
+from learner.group import shard_by_episode
 from learner.models import ModelConfig, load_model, load_tokenizer
 from learner.trainer import (LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches,
                              response_tail, token_logprobs)
