@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from actors.engine import InferenceEngine, SamplingConfig
 from buffer.contracts import Trajectory, Turn
 from envs.parser import ToolCallParser, format_tool_call
+from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
 from envs.protocol import EnvReset, TaskInfo, TextEnv, ToolCall
 from envs.rewards import EpisodeReward, RewardConfig, episode_reward
@@ -42,6 +43,9 @@ class LoopConfig(BaseModel):
     parser_mode: Literal["strict", "gentle"] = "strict"
     prompt: PromptConfig = PromptConfig()
     rewards: RewardConfig = RewardConfig()
+    privileged: PrivilegedConfig = PrivilegedConfig()
+    """Privileged context c+ in the policy's own system turn: only for building a RetireOPD teacher
+    (jobs.build_teacher); a student never reads it."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class EpisodeState:
     """Per-episode state a policy may keep (the model's token context, the expert's bot)."""
     tag: Any = None
     """The caller's label for this episode, returned with its result."""
+    privileged: str = ""
+    """Privileged context c+ ending the system turn (`LoopConfig.privileged`); '' for a student."""
 
     @property
     def observation(self) -> str:
@@ -165,7 +171,7 @@ class ChatPrompter:
 
     def prompt_ids(self, ep: EpisodeState, last: Response | None) -> list[int]:
         messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
-                                   ep.history, tools=ep.env.tools)
+                                   ep.history, tools=ep.env.tools, system_extra=ep.privileged)
         window = self.loop.prompt.history_window
         if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
             tail = self._tail_ids(messages, ep)
@@ -245,6 +251,9 @@ class EpisodeRunner:
         self._parsers = [ToolCallParser(env.tools, config.parser_mode) for env in self._envs]
         self._free = list(range(num_slots))[::-1]
         self.running: list[EpisodeState] = []
+        self._context = PrivilegedContext(config.privileged) if config.privileged.enabled else None
+        if self._context is not None:
+            self._context.check(self._envs[0])
 
     @property
     def num_free(self) -> int:
@@ -256,8 +265,9 @@ class EpisodeRunner:
             raise RuntimeError("no free environment slot")
         slot = self._free.pop()
         env = self._envs[slot]
-        self.running.append(EpisodeState(slot=slot, task=task, env=env,
-                                         reset=env.reset(seed=task.seed, split=task.split), tag=tag))
+        reset = env.reset(seed=task.seed, split=task.split)
+        privileged = "" if self._context is None else self._context.text(env, reset)
+        self.running.append(EpisodeState(slot=slot, task=task, env=env, reset=reset, tag=tag, privileged=privileged))
 
     def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
         """One round: every running episode gets one response; returns (tag, result) of those that finished."""

@@ -111,10 +111,11 @@ def system_content(config: PromptConfig, system_prompt: str, tools: list[dict[st
 
 def render_messages(config: PromptConfig, system_prompt: str, task: str, first_observation: str,
                     history: list[HistoryTurn], working_memory: str | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                    tools: list[dict[str, Any]] | None = None, system_extra: str = "") -> list[dict[str, Any]]:
     """Chat messages for the next turn, given the task and every past turn of the episode.
 
-    With `config.tools == "compact"`, `tools` are described in the system message itself.
+    With `config.tools == "compact"`, `tools` are described in the system message itself;
+    `system_extra` (privileged context, envs.privileged) ends the system message.
     """
     window = len(history) if config.history_window == "all" else min(config.history_window, len(history))
     hidden = len(history) - window
@@ -125,7 +126,7 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if working_memory is not None:
         user += f"Your notes so far:\n{working_memory}\n"
     user += f"\nWhat you see:\n{start_observation}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_content(config, system_prompt, tools)},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_content(config, system_prompt, tools) + system_extra},
                                       {"role": "user", "content": user}]
     for turn in history[hidden:]:
         messages.append(_assistant_message(turn))

@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -41,6 +42,9 @@ from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
 from teacher.routing import TeacherRoute, check_routes
 from teacher.service import TeacherConfig
+
+if TYPE_CHECKING:
+    from jobs.training import TrainingRun
 
 
 class ClusterConfig(BaseModel):
@@ -115,9 +119,9 @@ class JobConfig(BaseModel):
             if ALGORITHMS[algorithm.name].retires:
                 raise ValueError("RetireOPD retires one teacher: teacher_routes cannot be combined with it")
         if ALGORITHMS[algorithm.name].retires and algorithm.retirement.teacher_success is None \
-                and self.teacher is not None and self.teacher.backend != "oracle":
-            raise ValueError("learner.algorithm.retirement.teacher_success must be set for a model teacher "
-                             "(its eval success with privileged context); only the oracle's is measured here")
+                and self.teacher is not None and self.teacher.backend == "remote":
+            raise ValueError("learner.algorithm.retirement.teacher_success must be set for a remote teacher "
+                             "(its eval success with privileged context)")
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
@@ -141,7 +145,9 @@ def preflight(config: JobConfig) -> None:
     import importlib.util
     import socket
 
-    from learner.models import load_tokenizer
+    from learner.models import load_tokenizer, resolve_model_dir
+    from envs.privileged import PrivilegedContext
+    from teacher.privileged import check_built_teacher
 
     load_tokenizer(config.model)
     for teacher in config.teachers:
@@ -151,6 +157,20 @@ def preflight(config: JobConfig) -> None:
             check_server(teacher.remote, load_tokenizer(config.model))
         elif teacher.backend != "oracle":
             load_tokenizer(teacher.model)
+            manifest = check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env,
+                                           config.rollout.loop.prompt)
+            if manifest is None and ALGORITHMS[config.learner.algorithm.name].retires \
+                    and config.learner.algorithm.retirement.teacher_success is None:
+                raise ValueError(f"learner.algorithm.retirement.teacher_success must be set: teacher "
+                                 f"{teacher.model.path!r} was not built by jobs.build_teacher, so its success "
+                                 f"with privileged context (SR_T) is unknown")
+    for where, privileged in [("rollout.loop.privileged", config.rollout.loop.privileged)] + \
+            [("teacher.privileged", t.privileged) for t in config.teachers]:
+        if privileged.enabled:  # the skill bank loads, the environment has a map if one is asked for
+            try:
+                PrivilegedContext(privileged).check(make_env(config.env))
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
     check_split(config.env, config.rollout.split, "rollout.split")
     check_split(config.env, config.run.eval_split, "run.eval_split")
     algorithm = ALGORITHMS[config.learner.algorithm.name]
@@ -210,13 +230,20 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(config))
         print(config.cluster.plan.describe())
         return 0
+    return run_job(config, resume=bool(args.resume))
+
+
+def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None) -> int:
+    """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
+    stopped on a failure it names). `finish` runs on the trained run before its actors stop
+    (jobs.build_teacher measures the teacher there)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from jobs.training import TrainingRun, latest_checkpoint
 
     try:  # before any actor starts
         preflight(config)
-        if args.resume:
-            latest_checkpoint(Path(args.resume))
+        if resume:
+            latest_checkpoint(Path(config.run.dir))
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -229,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
               f"names); give this run another run.dir name", file=sys.stderr)
         return 2
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
-    run = TrainingRun(config, resume=bool(args.resume))
+    run = TrainingRun(config, resume=resume)
     stop = {"requested": False}
 
     def request_stop(signum, _frame):
@@ -247,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run.start(should_stop)
         run.loop(should_stop)
+        if finish is not None:
+            finish(run)
     except ray.exceptions.RayActorError as exc:
         message = run.stop_message(exc)
         if message is None:

@@ -35,15 +35,20 @@ def wait_until_dead(actor, timeout_s: float = 60.0) -> None:
 
 
 def teacher_success(config) -> float:
-    """SR_T of the retirement rule: configured, or the environment expert's success on the eval
-    split when the oracle (the expert itself) is the teacher."""
+    """SR_T of the retirement rule: configured; or a built teacher's (jobs.build_teacher measured
+    it, with its privileged context, on its eval split); or the environment expert's success on
+    the eval split when the oracle (the expert itself) is the teacher."""
     from actors.agent_loop import EpisodeTask, run_episodes
     from actors.expert import ExpertPolicy
     from envs.registry import make_env
+    from learner.models import resolve_model_dir
+    from teacher.privileged import read_teacher_manifest
 
     configured = config.learner.algorithm.retirement.teacher_success
     if configured is not None:
         return configured
+    if config.teacher.backend != "oracle":  # preflight checked the manifest is there
+        return max(read_teacher_manifest(resolve_model_dir(config.teacher.model))["teacher_success"], 1e-6)
     tasks = [EpisodeTask(config.run.eval_split, seed) for seed in range(config.run.eval_tasks)]
     results = run_episodes(lambda: make_env(config.env), tasks, ExpertPolicy(), config.rollout.loop,
                            batch_size=32, progress="teacher success (SR_T): the expert")
@@ -231,7 +236,7 @@ class TrainingRun:
         self.pool.publish_weights(self.learner.publish(), self.version)
         ray.get(self.buffer.set_version.remote(self.version))
         if self.config.run.eval_every:
-            rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self._evaluate()
+            rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
             if self.tensorboard is not None:
@@ -268,7 +273,7 @@ class TrainingRun:
             last = time.perf_counter()
             step = self.version - self.warm_steps
             if run.eval_every and step % run.eval_every == 0:
-                overall, by_type = self._evaluate()
+                overall, by_type = self.evaluate()
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
                 if self.retirement is not None and self.retirement.observe(self.version, self._gap_since_eval(row),
                                                                             overall):
@@ -404,7 +409,7 @@ class TrainingRun:
                         f"{resume} (from its latest checkpoint)")
         return None
 
-    def _evaluate(self) -> tuple[float, dict[str, float]]:
+    def evaluate(self) -> tuple[float, dict[str, float]]:
         """Greedy eval on run.eval_split: success overall and per task type (also exported)."""
         rows = self.pool.evaluate(self.config.run.eval_split, list(range(self.config.run.eval_tasks)))
         by_type: dict[str, list[bool]] = {}

@@ -18,15 +18,16 @@ from collections import deque
 from typing import Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.contracts import Trajectory
+from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import PromptConfig
 from envs.registry import EnvConfig
 from learner.models import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
-from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
+from teacher.privileged import TeacherPromptBuilder
 from teacher.remote import RemoteConfig
 
 
@@ -41,9 +42,9 @@ class TeacherConfig(BaseModel):
     remote: RemoteConfig = RemoteConfig()
     """The server of the remote backend (an OpenAI-compatible API with vLLM's prompt log-probs)."""
     oracle: OracleConfig = OracleConfig()
-    skills: tuple[Skill, ...] = ()
-    """Privileged context: skills shown to the teacher when their keywords occur in the task."""
-    max_skills: int = Field(default=3, ge=1)
+    privileged: PrivilegedConfig = PrivilegedConfig()
+    """Privileged context c+ in the teacher's prompts (model teachers): the same c+ the teacher was
+    built with (`jobs.build_teacher` writes it next to the weights and the service checks it)."""
     max_batch_turns: int = Field(default=256, ge=1)
     """Close a batch once it holds this many turns."""
     batch_window_s: float = Field(default=0.02, ge=0)
@@ -56,6 +57,13 @@ class TeacherConfig(BaseModel):
     max_restarts: int = Field(default=3, ge=0)
     """Times Ray restarts a dead teacher service; its pending `score` calls are retried on the
     new incarnation (scoring is a pure function of the trajectories, so a retry duplicates nothing)."""
+
+    @model_validator(mode="after")
+    def _privileged_needs_a_model(self) -> "TeacherConfig":
+        if self.backend == "oracle" and self.privileged.enabled:
+            raise ValueError("teacher.privileged is for model teachers: the oracle is the environment's expert and "
+                             "already knows the full state")
+        return self
 
 
 class TrajectoryScorer(Protocol):
@@ -81,7 +89,7 @@ class ModelTeacher:
         # For each turn: (request index, offset of its response in that request's response).
         where: list[list[tuple[int, int]]] = []
         for t in trajectories:
-            prompts = [turn.prompt_ids if self.prompts is None else self.prompts.teacher_prompt(turn.prompt_ids, t.task)
+            prompts = [turn.prompt_ids if self.prompts is None else self.prompts.teacher_prompt(turn.prompt_ids, t)
                        for turn in t.turns]
             spots: list[tuple[int, int]] = []
             run_start = 0
@@ -163,9 +171,8 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: 
                                 [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
             backend = VLLMTeacherBackend(engine)
     prompts = None
-    if config.skills:
-        prompts = TeacherPromptBuilder(teacher_tok, env.system_prompt, env.tools,
-                                       SkillBank(list(config.skills), config.max_skills), prompt)
+    if config.privileged.enabled:
+        prompts = TeacherPromptBuilder(teacher_tok, env, PrivilegedContext(config.privileged), prompt)
     return ModelTeacher(backend, prompts)
 
 

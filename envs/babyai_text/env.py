@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from envs.babyai_text.level import NUM_DISTRACTORS, ROOM_SIZE, MixedTrainLocalLevel, num_rooms
 from envs.babyai_text.tasks import SPLITS, TASK_TYPES, split_size, task_spec
-from envs.babyai_text.text_obs import describe
+from envs.babyai_text.text_obs import describe, describe_map
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
 from envs.tools import function_tool
@@ -130,6 +130,13 @@ class BabyAITextEnv:
         from envs.babyai_text.expert import BabyAIExpert
 
         return BabyAIExpert(self)
+
+    def privileged_map(self) -> str:
+        """Every object and door of the episode just reset, relative to the agent's start pose
+        (privileged context: the bot sees the whole grid, the agent only its 7x7 view)."""
+        level = self.level
+        return "\n".join(describe_map(level.grid, tuple(level.agent_pos), tuple(level.dir_vec),
+                                       tuple(level.right_vec)))
 
     def step_action(self, action: int) -> EnvStep:
         """Apply a minigrid action index directly (the expert bot's path)."""

@@ -76,3 +76,44 @@ def describe(image: np.ndarray, carrying: tuple[str, str] | None = None) -> list
             else:
                 lines.append(f"You see a {IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]} {where}")
     return lines
+
+
+def _offset(forward: int, right: int) -> str:
+    """Position from the agent's pose, in the observation sentences' words ('back' for behind)."""
+    parts = []
+    if right:
+        parts.append(f"{_steps(abs(right))} {'right' if right > 0 else 'left'}")
+    if forward:
+        parts.append(f"{_steps(abs(forward))} {'forward' if forward > 0 else 'back'}")
+    return " and ".join(parts) or "here"
+
+
+def describe_map(grid, agent_pos: tuple[int, int], dir_vec: tuple[int, int],
+                 right_vec: tuple[int, int]) -> list[str]:
+    """The whole grid's objects and doors relative to the agent's pose, row by row, plus the
+    distance to the nearest wall in each direction; the first line names what it is."""
+    ax, ay = int(agent_pos[0]), int(agent_pos[1])
+    lines = ["Map of the whole level from where you start (only you can see this):"]
+    for name, (dx, dy) in (("forward", dir_vec), ("back", (-dir_vec[0], -dir_vec[1])),
+                           ("left", (-right_vec[0], -right_vec[1])), ("right", right_vec)):
+        x, y, distance = ax + int(dx), ay + int(dy), 1
+        while 0 <= x < grid.width and 0 <= y < grid.height:
+            cell = grid.get(x, y)
+            if cell is not None and cell.type == "wall":
+                lines.append(f"A wall {_steps(distance)} {name}")
+                break
+            x, y, distance = x + int(dx), y + int(dy), distance + 1
+    for y in range(grid.height):
+        for x in range(grid.width):
+            cell = grid.get(x, y)
+            if cell is None or cell.type == "wall":
+                continue
+            dx, dy = x - ax, y - ay
+            forward = dx * int(dir_vec[0]) + dy * int(dir_vec[1])
+            right = dx * int(right_vec[0]) + dy * int(right_vec[1])
+            if cell.type == "door":
+                state = "locked" if cell.is_locked else "open" if cell.is_open else "closed"
+                lines.append(f"A {state} {cell.color} door {_offset(forward, right)}")
+            else:
+                lines.append(f"A {cell.color} {cell.type} {_offset(forward, right)}")
+    return lines

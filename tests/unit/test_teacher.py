@@ -11,16 +11,18 @@ import torch
 
 from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, run_episodes
 from actors.engine import SamplingConfig
+from actors.expert import DemonstrationPolicy
 from actors.hf_engine import HFEngine
 from buffer.contracts import Trajectory, Turn
 from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
 from envs.parser import format_tool_call
+from envs.privileged import PrivilegedConfig, PrivilegedContext, Skill, load_skill_bank
 from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
 from learner.models import ModelConfig, load_model, load_tokenizer
 from teacher.backends import HFTeacherBackend, ScoreRequest, TokenScores
 from teacher.oracle import ExpertOracleTeacher, OracleConfig
-from teacher.privileged import Skill, SkillBank, TeacherPromptBuilder
+from teacher.privileged import TeacherPromptBuilder
 from teacher.service import ModelTeacher, TeacherConfig, TeacherService, build_scorer, check_same_tokenizer
 
 NANO = ModelConfig(path="tiny:nano")
@@ -210,32 +212,91 @@ def test_hf_backend_matches_a_forward_pass(tok, model):
     assert all(s.topk_ids is None for s in backend.score(reqs))
 
 
+SKILLS = PrivilegedConfig(skills=(Skill(keywords=("door",), text="A locked door opens with the key of its colour."),
+                                   Skill(keywords=("ball",), text="Balls can be picked up.")))
+
+
 @pytest.mark.parametrize("tools", ["schema", "compact"])
 def test_privileged_context_changes_only_the_system_turn(tok, model, tools):
     env = BabyAITextEnv()
-    bank = SkillBank([Skill(keywords=("door",), text="A locked door opens with the key of its colour."),
-                      Skill(keywords=("ball",), text="Balls can be picked up.")])
     prompt = PromptConfig(tools=tools)
-    builder = TeacherPromptBuilder(tok, env.system_prompt, env.tools, bank, prompt)
+    builder = TeacherPromptBuilder(tok, env, PrivilegedContext(SKILLS), prompt)
     loop = LoopConfig(max_turns=2, prompt=prompt)
     policy = ModelPolicy(HFEngine(model, tok.pad_token_id, [tok.convert_tokens_to_ids("<|im_end|>")]), tok,
                          SamplingConfig(max_new_tokens=8, seed=0), loop)
     traj = run_episodes(BabyAITextEnv, [EpisodeTask("train", 0)], policy, loop)[0].trajectory
     assert "door" in traj.task
     student = traj.turns[1].prompt_ids
-    teacher = builder.teacher_prompt(student, traj.task)
+    assert "Skills" not in tok.decode(student)  # the student never reads c+
+    teacher = builder.teacher_prompt(student, traj)
     text = tok.decode(teacher)
     assert "Skills that help with this task:\n- A locked door opens" in text and "Balls" not in text
     assert tok.decode(student) == text.replace(
         "\n\nSkills that help with this task:\n- A locked door opens with the key of its colour.", "")
-    assert builder.teacher_prompt(student, "pick up the red key") == student  # nothing retrieved
+    other = next(t for t in (run_episodes(BabyAITextEnv, [EpisodeTask("train", s)], policy, loop)[0].trajectory
+                             for s in range(1, 20)) if "door" not in t.task and "ball" not in t.task)
+    assert builder.teacher_prompt(other.turns[0].prompt_ids, other) == other.turns[0].prompt_ids  # nothing retrieved
     with pytest.raises(ValueError, match="system turn"):
-        builder.teacher_prompt((1, 2, 3) + student, traj.task)
+        builder.teacher_prompt((1, 2, 3) + student, traj)
+    with pytest.raises(ValueError, match="teacher's environment"):
+        builder.teacher_prompt(student, dataclasses.replace(traj, task="go to the purple ball"))
     scorer = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id), builder)
     scores = scorer.score_trajectories([traj])[0]
     assert [len(s.logprobs) for s in scores] == [len(t.response_ids) for t in traj.turns]
     plain = ModelTeacher(HFTeacherBackend(model, tok.pad_token_id)).score_trajectories([traj])[0]
     assert scores != plain  # the context changed the teacher's view
+
+
+@pytest.mark.parametrize("tools", ["schema", "compact"])
+def test_teacher_prompts_are_the_prompts_the_teacher_was_built_on(tok, tools):
+    """The service's rewrite of a student prompt is byte-identical to the prompt the teacher saw in
+    its own episodes while `jobs.build_teacher` trained it (same task, same calls)."""
+    privileged = SKILLS.model_copy(update={"map": True})
+    prompt = PromptConfig(tools=tools)
+    builder = TeacherPromptBuilder(tok, BabyAITextEnv(), PrivilegedContext(privileged), prompt)
+    student_loop = LoopConfig(max_turns=5, prompt=prompt)
+    teacher_loop = student_loop.model_copy(update={"privileged": privileged})
+    tasks = [EpisodeTask("train", seed) for seed in range(6)]
+    students = run_episodes(BabyAITextEnv, tasks, DemonstrationPolicy(tok, student_loop), student_loop)
+    teachers = run_episodes(BabyAITextEnv, tasks, DemonstrationPolicy(tok, teacher_loop), teacher_loop)
+    for s, t in zip(students, teachers):
+        assert [turn.response_ids for turn in s.trajectory.turns] == [turn.response_ids for turn in t.trajectory.turns]
+        for student_turn, teacher_turn in zip(s.trajectory.turns, t.trajectory.turns):
+            assert "Map of the whole level" not in tok.decode(student_turn.prompt_ids)
+            assert builder.teacher_prompt(student_turn.prompt_ids, s.trajectory) == teacher_turn.prompt_ids
+    assert "Map of the whole level" in tok.decode(teachers[0].trajectory.turns[0].prompt_ids)
+
+
+def test_the_map_names_every_object_relative_to_the_start_pose():
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    lines = env.privileged_map().splitlines()
+    visible = [line.removeprefix("You see a ").replace(" door", " door") for line in reset.observation.splitlines()
+               if line.startswith("You see a ") and "wall" not in line]
+    for seen in visible:  # what the agent sees is on the map at the same place
+        assert any(line.lower().endswith(seen.lower()) or line.lower() == "a " + seen.lower() for line in lines), seen
+    level = env.level
+    num_objects = sum(1 for c in level.grid.grid if c is not None and c.type != "wall")
+    assert len([line for line in lines if not line.startswith(("Map", "A wall"))]) == num_objects
+    assert {line.split(" steps ")[-1].split(" step ")[-1] for line in lines if line.startswith("A wall")} \
+        == {"forward", "back", "left", "right"}
+
+
+def test_skill_banks_load_from_files_and_bad_ones_are_named(tmp_path):
+    good = tmp_path / "skills.yaml"
+    good.write_text("- {keywords: [door], text: Doors open with toggle.}\n- {keywords: [key, ball], text: Pick it up.}\n")
+    context = PrivilegedContext(PrivilegedConfig(skill_bank=str(good), max_skills=1))
+    assert [s.text for s in context.bank.retrieve("pick up the key behind the door")] == ["Doors open with toggle."]
+    (tmp_path / "skills.json").write_text(json.dumps([{"keywords": ["box"], "text": "Boxes are heavy."}]))
+    assert load_skill_bank(str(tmp_path / "skills.json"))[0].text == "Boxes are heavy."
+    for text, match in (("- {keywords: [], text: x}", "skill 0"), ("{a: 1}", "non-empty list"), ("[", "not valid")):
+        good.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            load_skill_bank(str(good))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_skill_bank(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ValueError, match="oracle"):
+        TeacherConfig(backend="oracle", privileged=PrivilegedConfig(map=True))
 
 
 def test_tokenizer_mismatch_is_refused(tok, tmp_path):
