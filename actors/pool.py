@@ -34,9 +34,9 @@ class RolloutPool:
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
                  algorithm=None, teacher_retired: bool = False, named: bool = False,
-                 routed_teachers: dict[str, Any] | None = None, routes: tuple = ()) -> None:
-        """`env`, `algorithm` and `teacher_retired`: see `RolloutWorker`; `named`: worker i is the
-        named actor `worker-<i>` (in the job's namespace)."""
+                 routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None) -> None:
+        """`env`, `algorithm`, `teacher_retired` and `judge`: see `RolloutWorker`; `named`: worker i is
+        the named actor `worker-<i>` (in the job's namespace)."""
         import ray
 
         if num_workers < 1:
@@ -49,6 +49,7 @@ class RolloutPool:
         self.max_restarts = max_restarts
         self.named = named
         self._routed = (dict(routed_teachers or {}), tuple(routes))
+        self._judge = judge
         self.workers = []
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
@@ -80,7 +81,8 @@ class RolloutPool:
         config, model, buffer = self._shared
         routed, routes = self._routed if not teacher_retired else ({}, ())
         return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
-                                                     self._env, self._algorithm, teacher_retired, routed, routes)
+                                                     self._env, self._algorithm, teacher_retired, routed, routes,
+                                                     self._judge)
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
         """Start `count` more workers (into the bundles a retired teacher left), without its scoring stage,

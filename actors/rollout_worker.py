@@ -88,13 +88,13 @@ class RolloutWorker:
     def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
                  teacher_retired: bool = False, routed_teachers: dict[str, Any] | None = None,
-                 routes: tuple = ()) -> None:
+                 routes: tuple = (), judge=None) -> None:
         """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
         `env`: the job's environment (default: the default environment); `algorithm`: whose
         group-end stages run on each finished group (None: groups go to the buffer as played);
         `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out;
         `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
-        of `teacher` (teacher.routing)."""
+        of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py)."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -111,7 +111,8 @@ class RolloutWorker:
         self.stages = []
         self.curriculum = None
         if algorithm is not None:
-            context = StageContext(worker_index, self._score if self.teachers else None)
+            context = StageContext(worker_index, self._score if self.teachers else None,
+                                   None if judge is None else judge.judge.remote)
             self.stages = [(factory.__name__, factory(algorithm, context))
                            for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)
                            if not (teacher_retired and factory is teacher_scores)]

@@ -5,17 +5,20 @@
    - retire: the config as it is (`retire_opd`: GRPO + λ·OPD, the retirement rule at each eval);
    - never: the same joint loss, the teacher never retires (`joint`);
    - grpo: GRPO alone, no teacher.
+   With `--teacher DIR` (a teacher jobs.build_teacher built) the retire and never arms score with
+   it, with the privileged context its teacher.json records, instead of the config's teacher.
 3. Greedy eval of each final policy; from the retire arm's metrics.parquet, the version at which
    the teacher retired and the rollout tokens/s before and after (after retirement the teacher's
    bundle runs an extra rollout worker).
 
     python benchmarks/retire.py [--config jobs/configs/babyai_retire_tiny.yaml] [--budget-s 300]
-                                [--eval-tasks 100] [--out runs/retire]
+                                [--eval-tasks 100] [--out runs/retire] [--teacher runs/babyai_teacher_tiny/hf]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +42,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--eval-tasks", type=int, default=100)
     parser.add_argument("--out", default="runs/retire")
+    parser.add_argument("--teacher", help="a built teacher's HF directory (with teacher.json)")
     args = parser.parse_args()
     from jobs.config import load_config
     from jobs.train import JobConfig
@@ -49,7 +53,16 @@ def main() -> None:
     train(args.config, [f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"])
     common = [f"model.path={warm / 'warm_start_hf'}", f"run.max_wall_s={args.budget_s}", "warm_start.num_episodes=0",
               "run.steps=100000"]
-    arms = {"retire": [], "never": ["learner.algorithm.name=joint"],
+    teacher = []
+    if args.teacher:
+        from teacher.privileged import TEACHER_MANIFEST
+
+        manifest = json.loads((Path(args.teacher) / TEACHER_MANIFEST).read_text())
+        privileged = {"skills": manifest["skills"], "max_skills": manifest["max_skills"], "map": manifest["map"]}
+        teacher = ["teacher.backend=hf", f"teacher.model.path={args.teacher}",
+                   f"teacher.privileged={json.dumps(privileged)}"]
+        print(f"teacher: {args.teacher}, SR_T {manifest['teacher_success']:.3f} on {manifest['eval_split']}")
+    arms = {"retire": teacher, "never": ["learner.algorithm.name=joint", *teacher],
             "grpo": ["learner.algorithm.name=grpo", "teacher=null", "learner.algorithm.topk_kl_coef=0"]}
     job = base.model_copy(update={"model": base.model.model_copy(update={"path": str(warm / "warm_start_hf")})})
     results = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Recorder = Literal["driver", "rollout", "buffer", "teacher", "learner"]
+Recorder = Literal["driver", "rollout", "buffer", "teacher", "learner", "judge"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("opd_lambda", "gauge", "λ of the joint loss."),
     Metric("teacher_retired", "gauge", "1 once the teacher is retired."),
     Metric("horizon_k", "gauge", "TCOD horizon k in force."),
+    Metric("judge_turns", "counter", "Turns the judge scored, by result (ok, or neutral: no score after retries).",
+           ("result",), recorded_by=("judge",)),
     Metric("format_error_rate", "gauge", "Share of turns whose response did not parse (episodes since the last step)."),
 )
 _BY_NAME = {m.name: m for m in CATALOGUE}

@@ -2,12 +2,14 @@
 
     python -m jobs.collect_expert [--config FILE.yaml] [key.sub=value ...] [--dry-run]
 
-Runs the environment's own expert (`TextEnv.expert()`: the BabyAI bot) on tasks
-`first_seed .. first_seed + num_tasks - 1` of `split`, at most `max_turns` calls each, and
-writes `expert.parquet` (split, seed, task_type, success, num_turns, calls as JSON strings)
-and `manifest.json` (the config, counts, success rate) to `output_dir`. Failed tasks are
-kept and marked: B2F replays only successes and lets the student play the rest alone.
-Use the same `env` section and turn limit as the training job.
+Runs an expert on tasks `first_seed .. first_seed + num_tasks - 1` of `split`, at most
+`max_turns` calls each: the environment's own expert (`policy=expert`, `TextEnv.expert()`: the
+BabyAI bot), or a language model (`policy=model`: an LM teacher, e.g. one jobs.build_teacher
+built, with its privileged context in `loop.privileged`) sampled `num_samples` times per task,
+keeping the first success (pass@N). Writes `expert.parquet` (split, seed, task_type, success,
+num_turns, calls as JSON strings) and `manifest.json` (the config, counts, success rate) to
+`output_dir`. Failed tasks are kept and marked: B2F replays only successes and lets the
+student play the rest alone. Use the same `env` section and turn limit as the training job.
 """
 
 from __future__ import annotations
@@ -17,10 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.agent_loop import LoopConfig
+from actors.engine import SamplingConfig
 from envs.registry import EnvSection, default_env_config
 from jobs.config import config_from_cli
+from learner.models import ModelConfig
 
 
 class CollectExpertConfig(BaseModel):
@@ -34,6 +41,24 @@ class CollectExpertConfig(BaseModel):
     max_turns: int = Field(default=20, ge=1)
     """The training loop's turn limit (rollout.loop.max_turns): a longer τ* could never be replayed."""
     output_dir: str = "runs/expert"
+    policy: Literal["expert", "model"] = "expert"
+    model: ModelConfig = ModelConfig()
+    """The LM expert (policy=model); it must share the student's tokenizer only if it also scores."""
+    engine: Literal["hf", "vllm"] = "vllm"
+    num_samples: int = Field(default=8, ge=1)
+    """pass@N of policy=model: attempts per task."""
+    sampling: SamplingConfig = SamplingConfig(temperature=1.0, max_new_tokens=48, seed=0)
+    loop: LoopConfig = LoopConfig()
+    """Prompt, parser and privileged context of policy=model; its turn limit is `max_turns`."""
+    batch_size: int = Field(default=32, ge=1)
+    """Episodes of policy=model advanced together (one batched generation per turn)."""
+
+    @model_validator(mode="after")
+    def _one_turn_limit(self) -> "CollectExpertConfig":
+        if "max_turns" in self.loop.model_fields_set and self.loop.max_turns != self.max_turns:
+            raise ValueError(f"loop.max_turns ({self.loop.max_turns}) differs from max_turns ({self.max_turns}): "
+                             f"set max_turns only")
+        return self
 
 
 def collect(config: CollectExpertConfig, on_task=None) -> list[dict]:
@@ -44,6 +69,8 @@ def collect(config: CollectExpertConfig, on_task=None) -> list[dict]:
     if config.split not in env.splits:
         raise ValueError(f"split: environment {config.env.name!r} has no split {config.split!r}; "
                          f"its splits: {list(env.splits)}")
+    if config.policy == "model":
+        return collect_from_model(config, on_task)
     rows = []
     for seed in range(config.first_seed, config.first_seed + config.num_tasks):
         reset = env.reset(seed, config.split)
@@ -68,6 +95,49 @@ def collect(config: CollectExpertConfig, on_task=None) -> list[dict]:
     return rows
 
 
+def collect_from_model(config: CollectExpertConfig, on_task=None) -> list[dict]:
+    """pass@N: `num_samples` sampled episodes per task, one row per task (`pass_at_n_row`)."""
+    import torch
+
+    from actors.agent_loop import EpisodeRunner, EpisodeTask, ModelPolicy
+    from actors.rollout_worker import RolloutConfig, build_engine
+    from envs.registry import make_env
+    from learner.models import load_tokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(config.model)
+    loop = config.loop.model_copy(update={"max_turns": config.max_turns})
+    engine = build_engine(RolloutConfig(engine=config.engine), config.model, tokenizer)
+    policy = ModelPolicy(engine, tokenizer, config.sampling, loop)
+    seeds = range(config.first_seed, config.first_seed + config.num_tasks)
+    pending = [EpisodeTask(config.split, seed, index=i) for seed in seeds for i in range(config.num_samples)][::-1]
+    attempts: dict[int, list] = {seed: [] for seed in seeds}
+    runner = EpisodeRunner(lambda: make_env(config.env), config.batch_size, loop)
+    try:
+        while pending or runner.running:
+            while pending and runner.num_free:
+                task = pending.pop()
+                runner.start(task, tag=task.seed)
+            for seed, result in runner.step(policy):
+                attempts[seed].append(result)
+                if len(attempts[seed]) == config.num_samples and on_task is not None:
+                    on_task()
+    finally:
+        engine.close()
+    return [pass_at_n_row(results) for results in attempts.values()]
+
+
+def pass_at_n_row(results: list) -> dict:
+    """The row of one task from its attempts (EpisodeResults): the calls of the first success
+    whose every turn executed a call (a replay cannot reproduce a turn that did nothing)."""
+    solved = next((r for r in results if r.success and r.trajectory is not None
+                   and all(t.executed_call is not None for t in r.trajectory.turns)), None)
+    calls = [] if solved is None else [t.executed_call for t in solved.trajectory.turns]
+    info = results[0].info
+    return {"split": info.split, "seed": info.seed, "task_type": info.task_type, "success": solved is not None,
+            "num_turns": len(calls), "calls": calls}
+
+
 def write(config: CollectExpertConfig, rows: list[dict], wall_s: float) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -81,7 +151,9 @@ def write(config: CollectExpertConfig, rows: list[dict], wall_s: float) -> Path:
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / EXPERT_FILE)
     num_solved = sum(r["success"] for r in rows)
     (out / MANIFEST_FILE).write_text(json.dumps({
-        "config": config.model_dump(mode="json"), "num_tasks": len(rows), "num_solved": num_solved,
+        "config": config.model_dump(mode="json"), "policy": config.policy,
+        "num_samples": config.num_samples if config.policy == "model" else 1,
+        "num_tasks": len(rows), "num_solved": num_solved,
         "success_rate": num_solved / len(rows), "mean_turns_solved":
             sum(r["num_turns"] for r in rows if r["success"]) / max(num_solved, 1), "wall_s": wall_s}, indent=2))
     return out

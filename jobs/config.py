@@ -68,6 +68,8 @@ def format_validation_error(exc: ValidationError) -> str:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         if err["type"] == "extra_forbidden":
             lines.append(f"unknown key {key!r}")
+        elif not err["loc"]:  # a check across sections: its message names the keys (the input is the whole config)
+            lines.append(err["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
     return "invalid config:\n  " + "\n  ".join(lines)

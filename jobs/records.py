@@ -108,6 +108,10 @@ class StepRecord:
     duplicate_groups: int
     rollout_failed_runs: int
     teacher_restarts: int
+    judged_turns: int | None
+    """Turns the judge scored so far (None without a judge)."""
+    judge_neutral_turns: int | None
+    """... of which got no score after the judge's retries (neutral reward)."""
     train_success_rate: float | None
     """Success rate of the episodes that finished during this step; None when none did."""
     format_error_rate: float | None
@@ -151,7 +155,7 @@ STEP_SCHEMA = pa.schema([
     ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
     ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
-    ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
+    ("judged_turns", pa.int64()), ("judge_neutral_turns", pa.int64()), ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
     ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),
     ("response_tokens_per_turn", pa.float64()), ("turns_to_success", pa.float64()),

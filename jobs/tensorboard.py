@@ -25,6 +25,7 @@ SECTIONS: dict[str, str] = {
     "buffer_occupancy": "buffer", "buffer_resident": "buffer", "buffer_put": "buffer", "buffer_consumed": "buffer",
     "dropped_stale": "buffer", "evicted": "buffer", "duplicate_groups": "buffer",
     "num_rollout_workers": "faults", "rollout_failed_runs": "faults", "teacher_restarts": "faults",
+    "judged_turns": "judge", "judge_neutral_turns": "judge",
     "episodes": "rollout", "successes": "rollout", "turns": "rollout", "format_errors": "rollout",
     "rollout_tokens": "rollout", "prompt_tokens": "rollout", "train_success_rate": "rollout",
     "format_error_rate": "rollout", "prompt_tokens_per_turn": "rollout", "rollout_tokens_per_s": "rollout",

@@ -37,6 +37,7 @@ from cluster.plan import ResourcePlan
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
 from jobs.warm_start import WarmStartConfig
+from judge.service import JudgeConfig
 from learner.algorithms import ALGORITHMS
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
@@ -97,6 +98,8 @@ class JobConfig(BaseModel):
     """The default teacher; None with no teacher, or when `teacher_routes` route every task."""
     teacher_routes: tuple[TeacherRoute, ...] = ()
     """More teachers, each scoring the samples its route matches (teacher.routing)."""
+    judge: JudgeConfig | None = None
+    """The turn judge of algorithms that train on judged turn rewards (turn_judge)."""
     buffer: BufferConfig = BufferConfig()
     learner: LearnerConfig = LearnerConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -113,6 +116,12 @@ class JobConfig(BaseModel):
         algorithm = self.learner.algorithm
         if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None and not self.teacher_routes:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
+        uses_judge = ALGORITHMS[algorithm.name].uses_judge(algorithm)
+        if uses_judge and self.judge is None:
+            raise ValueError(f"learner.algorithm.name={algorithm.name} needs a judge (set the judge section)")
+        if self.judge is not None and not uses_judge:
+            raise ValueError(f"the judge section is set but learner.algorithm.name={algorithm.name} uses no judge "
+                             f"(turn_judge does); remove it (judge: null)")
         if self.teacher_routes:
             env = make_env(self.env)
             check_routes(self.teacher_routes, self.teacher is not None, env.task_types, env.splits)
@@ -171,6 +180,19 @@ def preflight(config: JobConfig) -> None:
                 PrivilegedContext(privileged).check(make_env(config.env))
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
+    if config.judge is not None and config.judge.backend == "http":  # reachable, model served, key accepted
+        import asyncio
+
+        from judge.http import HttpJudge
+
+        async def check_judge() -> None:
+            judge = HttpJudge(config.judge.http, load_tokenizer(config.model))
+            try:
+                await judge.check()
+            finally:
+                await judge.close()
+
+        asyncio.run(check_judge())
     check_split(config.env, config.rollout.split, "rollout.split")
     check_split(config.env, config.run.eval_split, "run.eval_split")
     algorithm = ALGORITHMS[config.learner.algorithm.name]

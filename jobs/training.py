@@ -112,13 +112,19 @@ class TrainingRun:
                                                      name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
                                                      named=True, num_cpus=0)
                   for route in config.teacher_routes} if self.algorithm.uses_teacher(algorithm) else {}
+        # The judge: one service, no bundle (the oracle is cheap; a judge model is served elsewhere).
+        self.judge = None
+        if self.algorithm.uses_judge(algorithm):
+            from judge.service import create_judge_service
+
+            self.judge = create_judge_service(config.judge, config.model, config.env, named=True)
         rollout = config.rollout.model_copy(update={
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm,
                                 teacher_retired=self.teacher_retired, named=True, routed_teachers=routed,
-                                routes=config.teacher_routes)
+                                routes=config.teacher_routes, judge=self.judge)
         self.teachers += list(routed.values())  # their stats, restarts and the final kill too
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
@@ -132,6 +138,8 @@ class TrainingRun:
         """The pool's failed-run count at the last step (rows count failures across resumes)."""
         self._buffer_seen: dict[str, int] = {}
         """The buffer's counters at the last step."""
+        self._judge_seen: dict[str, int] = {}
+        """The judge's counters at the last step."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -336,6 +344,12 @@ class TrainingRun:
         self._failed_runs_seen = self.pool.num_failed_runs
         previous = self.rows[-1] if self.rows else None
         totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, wall)
+        judge = {"judged_turns": None, "judge_neutral_turns": None}
+        if self.judge is not None:  # its counters since it started: diffed, as the buffer's
+            now = ray.get(self.judge.stats.remote())
+            for field, key in (("judged_turns", "num_turns_judged"), ("judge_neutral_turns", "num_neutral")):
+                judge[field] = (getattr(previous, field, None) or 0) + now[key] - self._judge_seen.get(key, 0)
+            self._judge_seen = now
         # Defaults for algorithms without λ, retirement or a horizon curriculum: the student acts
         # for the whole episode.
         max_turns = float(self.config.rollout.loop.max_turns)
@@ -354,7 +368,7 @@ class TrainingRun:
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
             buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
-            num_rollout_workers=len(worker_stats), **totals, **gauges)
+            num_rollout_workers=len(worker_stats), **totals, **judge, **gauges)
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 
@@ -464,7 +478,8 @@ class TrainingRun:
             self.metrics.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
-            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers:
+            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
+                    ([self.judge] if self.judge is not None else []):
                 ray.kill(actor)
             remove_placement_group(self.placement_group)
             (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows)}))

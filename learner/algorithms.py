@@ -39,7 +39,7 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "opd"
-    """A registered algorithm: grpo, turn_level, opd, joint, sft, tcod, retire_opd, or one added with
+    """A registered algorithm: grpo, turn_level, turn_judge, opd, joint, sft, tcod, retire_opd, or one added with
     `register_algorithm`."""
     clip_eps_low: float = Field(default=0.2, ge=0)
     clip_eps_high: float = Field(default=0.28, ge=0)
@@ -63,7 +63,7 @@ class AlgorithmConfig(BaseModel):
     drop_zero_variance_groups: bool = True
     """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
     turn_level_k: int = Field(default=4, ge=1)
-    """turn_level: turns trained per episode."""
+    """turn_level, turn_judge: turns trained (and judged) per episode, chosen at random."""
     tcod: TCODConfig = TCODConfig()
     """tcod: the horizon curriculum (F2B or B2F)."""
     retirement: RetirementConfig = RetirementConfig()
@@ -214,6 +214,8 @@ class StageContext:
     worker_index: int
     score: GroupStage | None = None
     """The worker's teacher service (trajectories with teacher log-probs); None without a teacher."""
+    judge: GroupStage | None = None
+    """The job's judge service (trajectories with judged turn rewards); None without a judge."""
 
 
 StageFactory = Callable[[AlgorithmConfig, StageContext], GroupStage]
@@ -279,6 +281,13 @@ def teacher_scores(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
     return ctx.score
 
 
+def judge_rewards(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
+    """Judged rewards on the trainable turns, from the job's judge service (judge/service.py)."""
+    if ctx.judge is None:
+        raise ValueError(f"algorithm {cfg.name!r} needs a judge: set the judge section")
+    return ctx.judge
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """What one algorithm asks of the system."""
@@ -304,6 +313,9 @@ class Algorithm:
     def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
         return teacher_scores in self.group_stages(cfg)
 
+    def uses_judge(self, cfg: AlgorithmConfig) -> bool:
+        return judge_rewards in self.group_stages(cfg)
+
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
@@ -316,6 +328,7 @@ def register_algorithm(name: str, algorithm: Algorithm) -> None:
 
 register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
 register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages)))
+register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages)))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                     gauges=lambda cfg, step: {"opd_lambda": 1.0}))
 register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),

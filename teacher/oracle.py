@@ -67,27 +67,7 @@ class ExpertOracleTeacher:
         return tuple(self.tokenizer.encode(format_tool_call(call), add_special_tokens=False)) + (self.stop_id,)
 
     def expert_calls(self, trajectory: Trajectory) -> list[ToolCall | None]:
-        """The expert's call at the start of each turn, replaying the executed calls."""
-        self.env.reset(trajectory.task_seed, trajectory.split)
-        expert = self.env.expert()
-        if expert is None:
-            raise ValueError(f"the oracle teacher needs an environment with an expert; {type(self.env).__name__} has none")
-        suggestion: ToolCall | None = None
-        executed: ToolCall | None = None
-        first = True
-        calls = []
-        for turn in trajectory.turns:
-            if expert is not None and (first or executed is not None):
-                suggestion = expert.act(executed)
-            first = False
-            calls.append(suggestion)
-            executed = None
-            if turn.executed_call is not None:
-                raw = json.loads(turn.executed_call)
-                executed = ToolCall(raw["name"], raw["arguments"])
-                if self.env.step(executed).done:
-                    expert = None
-        return calls
+        return expert_calls(self.env, trajectory)
 
     def token_logprobs(self, response_ids: tuple[int, ...], expert_call: ToolCall | None,
                        behaviour_logprobs: tuple[float, ...] | None = None) -> tuple[float, ...]:
@@ -143,3 +123,28 @@ class ExpertOracleTeacher:
         """Teacher scores per turn of each trajectory."""
         return [[self.token_scores(turn.response_ids, call, turn.behaviour_logprobs, top_k)
                  for turn, call in zip(t.turns, self.expert_calls(t))] for t in trajectories]
+
+
+def expert_calls(env: TextEnv, trajectory: Trajectory) -> list[ToolCall | None]:
+    """The expert's call at the start of each turn of `trajectory`, replaying its executed calls
+    in `env` (built from the rollout's env config); None where the expert has no plan."""
+    env.reset(trajectory.task_seed, trajectory.split)
+    expert = env.expert()
+    if expert is None:
+        raise ValueError(f"an oracle needs an environment with an expert; {type(env).__name__} has none")
+    suggestion: ToolCall | None = None
+    executed: ToolCall | None = None
+    first = True
+    calls = []
+    for turn in trajectory.turns:
+        if expert is not None and (first or executed is not None):
+            suggestion = expert.act(executed)
+        first = False
+        calls.append(suggestion)
+        executed = None
+        if turn.executed_call is not None:
+            raw = json.loads(turn.executed_call)
+            executed = ToolCall(raw["name"], raw["arguments"])
+            if env.step(executed).done:
+                expert = None
+    return calls

@@ -128,6 +128,10 @@ def test_gpu8_configs_pass_dry_run():
                               cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert plan in proc.stdout and "8 GPU" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config",
+                           "jobs/configs/babyai_teacher_qwen3_gpu8.yaml", "--dry-run"],
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "rollout  6 x (2 CPU, 1 GPU)" in proc.stdout, proc.stderr
 
 
 def readme_commands(heading: str) -> list[str]:
@@ -279,7 +283,30 @@ def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
     assert all(r["reverse_kl_by_turn"] for r in rows) and any(r["format_error_rate_by_turn"] for r in rows)
 
 
-def test_retire_opd_forced_early_frees_the_teacher_and_resume_keeps_it_retired(tmp_path):
+def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_retired(tmp_path):
+    # jobs.build_teacher: the nano student's model with c+ (skill bank and map), a short warm start
+    # and two GRPO steps (groups that all fail still train: the nano model fails them all).
+    teacher_dir = tmp_path / "teacher"
+    built = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config", "jobs/configs/babyai_teacher_tiny.yaml",
+                            "model.path=tiny:nano", f"run.dir={teacher_dir}", "run.steps=2", "run.eval_every=0",
+                            "run.eval_tasks=4", "run.metrics_port=null", "rollout.loop.max_turns=3",
+                            "buffer.batch_size=16", "warm_start.num_episodes=16", "warm_start.epochs=1",
+                            "warm_start.batch_episodes=8", "learner.algorithm.drop_zero_variance_groups=false",
+                            "rollout.engine=hf"],
+                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    manifest = json.loads((teacher_dir / "hf" / "teacher.json").read_text())
+    assert manifest["map"] and manifest["skills"] and 0.0 <= manifest["teacher_success"] <= 1.0
+    assert manifest["eval_tasks"] == 4 and f"teacher written to {teacher_dir / 'hf'}" in built.stdout
+    teacher = ["teacher.backend=hf", f"teacher.model.path={teacher_dir / 'hf'}",
+               "teacher.privileged.skill_bank=envs/babyai_text/skills.yaml"]
+    # A teacher served without the context it was built with is refused before any actor starts.
+    wrong = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *teacher, "learner.algorithm.name=retire_opd",
+                            f"run.dir={tmp_path / 'wrong'}", "run.metrics_port=null"],
+                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "teacher.privileged.map (built: True; this job: False)" in wrong.stderr, wrong.stderr
+    assert "ray namespace" not in wrong.stdout
+    teacher.append("teacher.privileged.map=true")
     run_dir = tmp_path / "run"
     # Windows of one evaluation, γ = 0 and δ far below any gap change: the rule fires at the
     # second evaluation (m = 2), version 2.
@@ -288,10 +315,12 @@ def test_retire_opd_forced_early_frees_the_teacher_and_resume_keeps_it_retired(t
               "learner.algorithm.retirement.window=1",
               "learner.algorithm.retirement.gamma=0", "learner.algorithm.retirement.delta=-1000000",
               "run.eval_every=1"]
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *retire, f"run.dir={run_dir}", "run.steps=4",
-                           f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *retire, *teacher, f"run.dir={run_dir}",
+                           "run.steps=4", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # SR_T is the built teacher's, read from teacher.json (not measured again).
+    assert "teacher success (SR_T)" not in proc.stderr
     assert "teacher retired at version 2: λ = 0, 1 teacher service(s) stopped, 1 rollout worker(s)" in proc.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
@@ -305,3 +334,17 @@ def test_retire_opd_forced_early_frees_the_teacher_and_resume_keeps_it_retired(t
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["version"] for r in rows] == list(range(1, 7)) and rows[-1]["teacher_retired"] == 1.0
     assert rows[-1]["num_rollout_workers"] == 2
+
+
+def test_a_short_turn_judge_run_trains_on_judged_turns(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_tiny.yaml",
+                           "model.path=tiny:nano", "buffer.batch_size=8", "rollout.loop.max_turns=3",
+                           "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
+                           "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    # The oracle judge scores every selected turn (never neutral); the counts only grow.
+    assert 0 < rows[0]["judged_turns"] <= rows[1]["judged_turns"] and rows[-1]["judge_neutral_turns"] == 0
+    assert all(r["num_loss_tokens"] > 0 for r in rows)

@@ -86,3 +86,30 @@ def test_f2b_cuts_the_episode_at_k_turns():
                                                                        horizon_k=plan.horizon_k)], policy, loop)[0]
     assert plan.max_turns == 2 and result.num_turns == 2 and result.truncated == "max_turns"
     assert result.trajectory.horizon_k == 2
+
+
+def test_an_lm_expert_keeps_the_first_replayable_success_of_its_n_attempts():
+    import dataclasses
+
+    from jobs.collect_expert import pass_at_n_row
+
+    tok = load_tokenizer(NANO)
+    loop = LoopConfig(max_turns=10, prompt=PromptConfig(history_window="all"))
+    demo, = run_episodes(lambda: BabyAITextEnv(STARTER), [EpisodeTask("train", 1)], DemonstrationPolicy(tok, loop),
+                         loop)
+    failed = dataclasses.replace(demo, success=False)
+    idle = demo.trajectory.turns[0]
+    did_nothing = dataclasses.replace(demo, trajectory=dataclasses.replace(
+        demo.trajectory, turns=(dataclasses.replace(idle, executed_call=None),) + demo.trajectory.turns[1:]))
+    row = pass_at_n_row([failed, did_nothing, demo])
+    assert row["success"] and row["calls"] == [t.executed_call for t in demo.trajectory.turns]
+    assert (row["split"], row["seed"], row["num_turns"]) == ("train", 1, demo.num_turns)
+    assert pass_at_n_row([failed, did_nothing]) == {**row, "success": False, "num_turns": 0, "calls": []}
+    # The real path: N sampled episodes per task through an engine, one row per task.
+    config = CollectExpertConfig(env=STARTER, num_tasks=2, max_turns=2, policy="model", model=NANO, engine="hf",
+                                 num_samples=3, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8, seed=0))
+    ticks = []
+    rows = collect(config, on_task=lambda: ticks.append(1))
+    assert [r["seed"] for r in rows] == [0, 1] and len(ticks) == 2
+    with pytest.raises(ValidationError, match="set max_turns only"):
+        CollectExpertConfig(max_turns=5, loop=LoopConfig(max_turns=10))

@@ -1,0 +1,1 @@
+"""Turn-level judges: a score per selected turn of an episode (docs/algorithms.md §3)."""

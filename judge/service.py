@@ -1,0 +1,156 @@
+"""The judge service: a Ray actor giving the selected turns of each finished group a judged reward.
+
+The worker's group-end pipeline awaits it like the teacher stage (so generation of the next
+round goes on while turns are judged). For every trainable turn of every trajectory the backend
+scores s in [0, 1] -- the environment's expert (`oracle`) or a judge model over HTTP (`http`,
+judge.http) -- concurrently, through a per-(trajectory, turn) cache; the turn's reward becomes
+
+    r = outcome_weight · R_outcome + judge_weight · (2s − 1) + the turn's own format term,
+
+so a judged turn is on the outcome's ±1 scale (seed 000: 0.5·outcome + 0.5·judge; judge only
+with outcome_weight 0). A turn whose score could not be had (the server failed or never
+answered in the tag, after its retries) gets s = 0.5, the neutral 0 judge term, and is counted;
+it never fails the worker. A wrong API key is a config error at start-up (`check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import OrderedDict
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from buffer.contracts import Trajectory
+from envs.registry import EnvConfig
+from judge.http import HttpJudgeConfig
+from learner.models import ModelConfig
+
+
+class JudgeConfig(BaseModel):
+    """Which judge scores turns, and how its score enters the turn reward."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["oracle", "http"] = "oracle"
+    """'oracle': the environment's expert (judge/oracle.py); 'http': a judge model behind an
+    OpenAI-compatible API (judge/http.py)."""
+    http: HttpJudgeConfig = HttpJudgeConfig()
+    outcome_weight: float = Field(default=0.5, ge=0)
+    judge_weight: float = Field(default=0.5, ge=0)
+    cache_size: int = Field(default=65536, ge=0)
+    """(trajectory, turn) scores kept: a group re-delivered after a worker restart is not judged twice."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times Ray restarts a dead judge service; pending calls are retried on the new incarnation."""
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "JudgeConfig":
+        if self.outcome_weight == 0 and self.judge_weight == 0:
+            raise ValueError("judge.outcome_weight and judge.judge_weight are both 0: every turn reward would be "
+                             "its format term alone")
+        return self
+
+
+class JudgeBackend(Protocol):
+    async def check(self) -> None:
+        """Raise ValueError when the judge cannot serve (unreachable, wrong key, unknown model)."""
+        ...
+
+    async def score(self, trajectory: Trajectory, turn: int) -> float | None:
+        """Score of `turn` in [0, 1]; None when none could be had."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+
+NEUTRAL = 0.5
+
+
+def judged_reward(config: JudgeConfig, trajectory: Trajectory, turn: int, score: float) -> float:
+    return (config.outcome_weight * trajectory.outcome_reward + config.judge_weight * (2 * score - 1)
+            + trajectory.turns[turn].turn_reward)
+
+
+def build_backend(config: JudgeConfig, model: ModelConfig, env: EnvConfig) -> JudgeBackend:
+    if config.backend == "oracle":
+        from envs.registry import make_env
+        from judge.oracle import OracleJudge
+
+        return OracleJudge(make_env(env))
+    from judge.http import HttpJudge
+    from learner.models import load_tokenizer
+
+    return HttpJudge(config.http, load_tokenizer(model))
+
+
+class JudgeService:
+    """Async actor body (also usable in-process): `judge` sets the judged reward of every trainable turn."""
+
+    def __init__(self, config: JudgeConfig, backend: JudgeBackend, name: str = "judge") -> None:
+        from cluster.metrics import ActorMetrics
+
+        self.config = config
+        self.backend = backend
+        self.name = name
+        self.metrics = ActorMetrics("judge", name)
+        self._cache: OrderedDict[tuple[str, int], float | None] = OrderedDict()
+        self._stats = {"num_turns_judged": 0, "num_neutral": 0, "num_cache_hits": 0}
+
+    def __repr__(self) -> str:  # the dashboard's Repr column
+        return f"JudgeService({self.name}, {self.config.backend})"
+
+    async def check(self) -> None:
+        await self.backend.check()
+
+    async def _score(self, trajectory: Trajectory, turn: int) -> float:
+        key = (trajectory.trajectory_id, turn)
+        if key in self._cache:
+            self._stats["num_cache_hits"] += 1
+            score = self._cache[key]
+        else:
+            score = await self.backend.score(trajectory, turn)
+            self._stats["num_turns_judged"] += 1
+            self.metrics.inc("judge_turns", 1, result="ok" if score is not None else "neutral")
+            if self.config.cache_size:
+                self._cache[key] = score
+                while len(self._cache) > self.config.cache_size:
+                    self._cache.popitem(last=False)
+        if score is None:
+            self._stats["num_neutral"] += 1
+            return NEUTRAL
+        return score
+
+    async def judge(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """The trajectories with judged rewards on their trainable turns (others unchanged)."""
+        out = []
+        for t in trajectories:
+            turns = [k for k, turn in enumerate(t.turns) if turn.trainable]
+            scores = await asyncio.gather(*(self._score(t, k) for k in turns))
+            rewards = dict(zip(turns, (judged_reward(self.config, t, k, s) for k, s in zip(turns, scores))))
+            out.append(dataclasses.replace(t, turns=tuple(
+                dataclasses.replace(turn, turn_reward=rewards[k]) if k in rewards else turn
+                for k, turn in enumerate(t.turns))))
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the service started: turns judged, neutral (unscored) turns, cache hits."""
+        return dict(self._stats)
+
+
+class _ServiceActor(JudgeService):
+    def __init__(self, config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str) -> None:
+        super().__init__(config, build_backend(config, model, env), name)
+
+
+def create_judge_service(config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str = "judge",
+                         named: bool = False, **options):
+    """Start the judge service actor (`named`: also its Ray actor name)."""
+    import ray
+
+    options.setdefault("num_cpus", 0)
+    options.update(max_restarts=config.max_restarts, max_task_retries=-1)
+    if named:
+        options["name"] = name
+    return ray.remote(_ServiceActor).options(**options).remote(config, model, env, name)
