@@ -1,6 +1,7 @@
-"""The remote teacher against a real vLLM OpenAI-compatible server of the nano model on 127.0.0.1
-(started by the test, stopped by its process group): agreement with the in-process vLLM backend,
-a short OPD run of `jobs.train` scoring through it, and a server that dies while scoring.
+"""The remote teacher and the HTTP judge against a real vLLM OpenAI-compatible server of the nano
+model on 127.0.0.1 (started by the test, stopped by its process group): agreement with the
+in-process vLLM backend, a short OPD run of `jobs.train` scoring through it, turns judged through
+its chat API, and a server that dies while scoring and judging.
 
 The tests share one server and run in file order: the last one kills it.
 """
@@ -92,24 +93,67 @@ def test_a_bad_url_fails_before_any_actor_starts(tmp_path):
     assert "ray namespace" not in proc.stdout  # stopped before connecting to Ray
 
 
+def judge_config(server):
+    from judge.http import HttpJudgeConfig
+    from judge.service import JudgeConfig
+
+    # The served name is the model directory (vLLM's default); short answers keep the nano model quick.
+    return JudgeConfig(backend="http", http=HttpJudgeConfig(base_url=server.url, model=str(server.model_dir),
+                                                            max_retries=1, backoff_s=0.05, max_tokens=24))
+
+
+def test_the_judge_scores_turns_through_the_served_chat_api(server):
+    """The nano model's answers are noise, so a turn gets its score or, unparsed after the retry,
+    the neutral one; either way every trainable turn is judged once and nothing fails."""
+    from judge.http import HttpJudge
+    from judge.service import JudgeService
+
+    tokenizer = load_tokenizer(NANO)
+    config = judge_config(server)
+    trajectories = trajectories_of(requests(tokenizer, 4))
+
+    async def scenario():
+        judge = HttpJudge(config.http, tokenizer)
+        await judge.check()
+        service = JudgeService(config, judge)
+        first = await service.judge(trajectories)
+        again = await service.judge(trajectories)  # from the cache
+        await judge.close()
+        return first, again, service.stats()
+
+    first, again, stats = asyncio.run(scenario())
+    assert stats["num_turns_judged"] == 4 and stats["num_cache_hits"] == 4
+    assert [t.turns[0].turn_reward for t in first] == [t.turns[0].turn_reward for t in again]
+    # outcome 0 here: the reward is 0.5 · (2s − 1), within [-0.5, 0.5], exactly 0 when neutral
+    assert all(-0.5 <= t.turns[0].turn_reward <= 0.5 for t in first)
+
+
 def test_a_server_killed_while_scoring_fails_every_waiting_caller(server):
     """Retried by the client, then one clear error for each caller of the batch; no caller gets
-    a partial answer (the rollout worker's delivery fails, so its group is never stored)."""
+    a partial answer (the rollout worker's delivery fails, so its group is never stored). The
+    judge instead gives the neutral score, counted, and its caller goes on."""
+    from judge.http import HttpJudge
+    from judge.service import JudgeService
     from teacher.service import ModelTeacher, TeacherConfig, TeacherService
 
     tokenizer = load_tokenizer(NANO)
     backend = RemoteTeacherBackend(RemoteConfig(url=server.url, max_retries=2, timeout_s=10), tokenizer)
     service = TeacherService(TeacherConfig(backend="remote"), ModelTeacher(backend))
     trajectories = trajectories_of(requests(tokenizer, 4))
+    config = judge_config(server)
 
     async def scenario():
+        judge = JudgeService(config, HttpJudge(config.http, tokenizer))
         assert len(await service.score(trajectories[:1])) == 1  # the server answers
         server.stop()
-        return await asyncio.gather(*(service.score([t]) for t in trajectories), return_exceptions=True)
+        outcomes = await asyncio.gather(*(service.score([t]) for t in trajectories), return_exceptions=True)
+        judged = await judge.judge(trajectories)
+        return outcomes, judged, judge.stats()
 
-    outcomes = asyncio.run(scenario())
+    outcomes, judged, stats = asyncio.run(scenario())
     assert all(isinstance(o, RemoteTeacherError) for o in outcomes), outcomes
     assert "after 2 retries" in str(outcomes[0])
+    assert [t.turns[0].turn_reward for t in judged] == [0.0] * 4 and stats["num_neutral"] == 4
 
 
 def trajectories_of(batch: list[ScoreRequest]):
