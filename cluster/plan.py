@@ -32,6 +32,8 @@ class ResourcePlan(BaseModel):
     rollout: RolePlan = RolePlan(count=1, cpus=1.0)
     teacher: RolePlan = RolePlan(count=1, cpus=0.0)
     learner: RolePlan = RolePlan(count=1, cpus=1.0)
+    judge: RolePlan = RolePlan(count=0, cpus=0.0)
+    """The judge service of turn_judge (at most one): a bundle where it serves its own judge model."""
     rollout_tensor_parallel: int = Field(default=1, ge=1)
     """vLLM tensor parallelism of each rollout engine (GPU preset)."""
 
@@ -42,14 +44,20 @@ class ResourcePlan(BaseModel):
             return {**PRESETS[data["preset"]], **data}
         return data
 
+    @model_validator(mode="after")
+    def _one_judge(self) -> "ResourcePlan":
+        if self.judge.count > 1:
+            raise ValueError(f"judge.count must be 0 or 1 (one judge service per job), got {self.judge.count}")
+        return self
+
     def needs(self) -> dict[str, float]:
-        roles = (self.rollout, self.teacher, self.learner)
+        roles = (self.rollout, self.teacher, self.learner, self.judge)
         return {"CPU": sum(r.count * r.cpus for r in roles), "GPU": sum(r.count * r.gpus for r in roles)}
 
     def bundles(self) -> list[dict[str, float]]:
         """One bundle per actor that needs resources (zero-resource actors need no reservation)."""
         out = []
-        for role in (self.rollout, self.teacher, self.learner):
+        for role in (self.rollout, self.teacher, self.learner, self.judge):
             bundle = {k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}
             if bundle:
                 out += [bundle] * role.count
@@ -57,8 +65,10 @@ class ResourcePlan(BaseModel):
 
     def describe(self) -> str:
         lines = [f"resource plan ({self.preset}):"]
-        for name in ("rollout", "teacher", "learner"):
+        for name in ("rollout", "teacher", "learner", "judge"):
             r: RolePlan = getattr(self, name)
+            if name == "judge" and r.count == 0:
+                continue
             lines.append(f"  {name:<8} {r.count} x ({r.cpus:g} CPU, {r.gpus:g} GPU)")
         need = self.needs()
         lines.append(f"  total    {need['CPU']:g} CPU, {need['GPU']:g} GPU")
@@ -93,7 +103,7 @@ def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
     if not group.wait(timeout_s):
         raise TimeoutError(f"could not reserve {bundles} within {timeout_s} s\n{plan.describe()}")
     strategies, index = {}, 0
-    for name in ("rollout", "teacher", "learner"):
+    for name in ("rollout", "teacher", "learner", "judge"):
         role = getattr(plan, name)
         if role.cpus == 0 and role.gpus == 0:
             strategies[name] = ["DEFAULT"] * max(role.count, 1)

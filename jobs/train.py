@@ -119,6 +119,9 @@ class JobConfig(BaseModel):
         uses_judge = ALGORITHMS[algorithm.name].uses_judge(algorithm)
         if uses_judge and self.judge is None:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a judge (set the judge section)")
+        if self.cluster.plan.judge.count and (self.judge is None or self.judge.serve is None):
+            raise ValueError("cluster.plan.judge reserves a bundle for a judge that serves its own model: set "
+                             "judge.serve, or judge.count=0")
         if self.judge is not None and not uses_judge:
             raise ValueError(f"the judge section is set but learner.algorithm.name={algorithm.name} uses no judge "
                              f"(turn_judge does); remove it (judge: null)")
@@ -180,7 +183,8 @@ def preflight(config: JobConfig) -> None:
                 PrivilegedContext(privileged).check(make_env(config.env))
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
-    if config.judge is not None and config.judge.backend == "http":  # reachable, model served, key accepted
+    if config.judge is not None and config.judge.backend == "http" and config.judge.serve is None:
+        # reachable, model served, key accepted (a served judge is checked once its server is up)
         import asyncio
 
         from judge.http import HttpJudge

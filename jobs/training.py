@@ -69,6 +69,7 @@ class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
     def __init__(self, config, resume: bool = False) -> None:
+        import ray
 
         from actors.pool import RolloutPool
         from buffer.actor import create_buffer_actor
@@ -112,12 +113,15 @@ class TrainingRun:
                                                      name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
                                                      named=True, num_cpus=0)
                   for route in config.teacher_routes} if self.algorithm.uses_teacher(algorithm) else {}
-        # The judge: one service, no bundle (the oracle is cheap; a judge model is served elsewhere).
+        # The judge: one service, in the plan's judge bundle when it serves its own model.
         self.judge = None
         if self.algorithm.uses_judge(algorithm):
             from judge.service import create_judge_service
 
-            self.judge = create_judge_service(config.judge, config.model, config.env, named=True)
+            self.judge = create_judge_service(config.judge, config.model, config.env, named=True,
+                                              num_cpus=plan.judge.cpus, num_gpus=plan.judge.gpus,
+                                              scheduling_strategy=strategies["judge"][0])
+            ray.get(self.judge.check.remote())  # its server answers, serves the model, takes the key
         rollout = config.rollout.model_copy(update={
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.contracts import Trajectory
+from cluster.vllm_server import ServerConfig
 from envs.registry import EnvConfig
 from judge.http import HttpJudgeConfig
 from learner.models import ModelConfig
@@ -37,6 +38,10 @@ class JudgeConfig(BaseModel):
     """'oracle': the environment's expert (judge/oracle.py); 'http': a judge model behind an
     OpenAI-compatible API (judge/http.py)."""
     http: HttpJudgeConfig = HttpJudgeConfig()
+    serve: ServerConfig | None = None
+    """Start `vllm serve` of `serve.model` on 127.0.0.1 inside the judge's actor (its bundle is the
+    plan's `judge` role) and judge through it: `http.base_url` and `http.model` then point at it.
+    None: `http.base_url` is a server that runs elsewhere."""
     outcome_weight: float = Field(default=0.5, ge=0)
     judge_weight: float = Field(default=0.5, ge=0)
     cache_size: int = Field(default=65536, ge=0)
@@ -49,6 +54,8 @@ class JudgeConfig(BaseModel):
         if self.outcome_weight == 0 and self.judge_weight == 0:
             raise ValueError("judge.outcome_weight and judge.judge_weight are both 0: every turn reward would be "
                              "its format term alone")
+        if self.serve is not None and self.backend != "http":
+            raise ValueError("judge.serve starts a judge model server: it needs judge.backend=http")
         return self
 
 
@@ -141,6 +148,13 @@ class JudgeService:
 
 class _ServiceActor(JudgeService):
     def __init__(self, config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str) -> None:
+        if config.serve is not None:
+            from cluster.vllm_server import VLLMServer
+
+            # The server dies with this actor (its parent-death signal): a restarted judge starts its own.
+            self.server = VLLMServer(config.serve).wait_ready()
+            config = config.model_copy(update={"http": config.http.model_copy(update={
+                "base_url": self.server.url, "model": self.server.model_dir})})
         super().__init__(config, build_backend(config, model, env), name)
 
 

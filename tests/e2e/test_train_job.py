@@ -128,6 +128,9 @@ def test_gpu8_configs_pass_dry_run():
                               cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert plan in proc.stdout and "8 GPU" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_qwen3_gpu8.yaml",
+                           "--dry-run"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "judge    1 x (2 CPU, 1 GPU)" in proc.stdout, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config",
                            "jobs/configs/babyai_teacher_qwen3_gpu8.yaml", "--dry-run"],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
@@ -336,15 +339,31 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     assert rows[-1]["num_rollout_workers"] == 2
 
 
-def test_a_short_turn_judge_run_trains_on_judged_turns(tmp_path):
-    run_dir = tmp_path / "run"
+def api_servers() -> set[int]:
+    """Pids of running vLLM OpenAI-compatible servers."""
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return {int(line.split()[0]) for line in ps.splitlines() if "vllm.entrypoints.openai.api_server" in line}
+
+
+def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_path):
+    """The config's oracle judge swapped for a judge model the job serves itself (`judge.serve`:
+    vllm serve of the nano model on 127.0.0.1 in the judge's actor), stopped with the job."""
+    run_dir, before = tmp_path / "run", api_servers()
     proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_tiny.yaml",
                            "model.path=tiny:nano", "buffer.batch_size=8", "rollout.loop.max_turns=3",
                            "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
-                           "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
+                           "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
+                           "judge.backend=http", "judge.serve.model.path=tiny:nano", "judge.serve.max_model_len=4096",
+                           "judge.http.max_tokens=16", "judge.http.max_retries=0"],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    # The oracle judge scores every selected turn (never neutral); the counts only grow.
-    assert 0 < rows[0]["judged_turns"] <= rows[1]["judged_turns"] and rows[-1]["judge_neutral_turns"] == 0
+    # Every selected turn is judged once (scored, or neutral when the nano judge's answer has no
+    # score tag); the counts only grow.
+    assert 0 < rows[0]["judged_turns"] <= rows[1]["judged_turns"]
+    assert 0 <= rows[-1]["judge_neutral_turns"] <= rows[-1]["judged_turns"]
     assert all(r["num_loss_tokens"] > 0 for r in rows)
+    deadline = time.monotonic() + 30
+    while api_servers() - before and time.monotonic() < deadline:  # the server dies with its actor
+        time.sleep(1)
+    assert not api_servers() - before

@@ -111,3 +111,19 @@ def test_fuzzed_overrides_fail_as_config_errors_naming_the_key(data):
         load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", [f"{key}={value}"])
     except ConfigError as exc:
         assert key.split(".")[0] in str(exc), (key, value, str(exc))
+
+
+def test_the_plan_reserves_a_judge_bundle_only_for_a_judge_that_serves_its_model():
+    from cluster.plan import ResourcePlan
+    from jobs.train import JobConfig
+
+    plan = ResourcePlan(preset="custom", judge={"count": 1, "cpus": 2, "gpus": 1})
+    assert plan.bundles()[-1] == {"CPU": 2, "GPU": 1} and "judge    1 x (2 CPU, 1 GPU)" in plan.describe()
+    assert "judge" not in ResourcePlan().describe() and ResourcePlan().needs()["GPU"] == 0
+    with pytest.raises(ValueError, match="0 or 1"):
+        ResourcePlan(judge={"count": 2, "cpus": 1})
+    with pytest.raises(ConfigError, match="set judge.serve"):
+        load_config(JobConfig, "jobs/configs/babyai_turn_judge_tiny.yaml", ["cluster.plan.judge.count=1",
+                                                                            "cluster.plan.judge.cpus=1"])
+    with pytest.raises(ConfigError, match="needs judge.backend=http"):
+        load_config(JobConfig, "jobs/configs/babyai_turn_judge_tiny.yaml", ["judge.serve.model.path=tiny:nano"])
