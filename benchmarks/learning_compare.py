@@ -1,4 +1,4 @@
-"""SFT-only vs OPD vs GRPO from the same warm start, at equal wall clock, on the starter level.
+"""SFT-only vs OPD vs GRPO vs turn-level judge from the same warm start, at equal wall clock, on the starter level.
 
 1. One warm start (the config's `warm_start`: SFT on the bot's demonstrations), exported as
    a HF directory; every arm starts from it.
@@ -6,13 +6,16 @@
    - sft: more SFT on fresh bot demonstrations (the seeds' "SFT on teacher successes");
    - opd: on-policy distillation from the oracle teacher (the config as it is);
    - opd_sampled: the same with only the sampled-token reverse-KL term (no top-k term);
-   - grpo: GRPO on outcome + format rewards, no teacher.
+   - grpo: GRPO on outcome + format rewards, no teacher;
+   - turn_judge: turn-level RL on 0.5·outcome + 0.5·judge, the oracle judge (babyai_turn_judge_tiny's
+     settings: group size 1, k = 4 turns per episode), no teacher.
 3. `jobs.evaluate` of each final policy (greedy, the same eval tasks).
 Curves (eval success at the runs' eval steps) go to `<out>/curves.parquet`. The seeds expect
 OPD > GRPO at equal compute.
 
     python benchmarks/learning_compare.py [--config jobs/configs/babyai_opd_tiny.yaml] [--budget-s 300]
                                           [--eval-tasks 100] [--out runs/learning_compare]
+                                          [--arms sft,opd,opd_sampled,grpo,turn_judge]
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--eval-tasks", type=int, default=100)
     parser.add_argument("--out", default="runs/learning_compare")
+    parser.add_argument("--arms", default="sft,opd,opd_sampled,grpo,turn_judge",
+                        help="comma-separated subset of the arms, run in this order")
     args = parser.parse_args()
     from jobs.config import load_config
     from jobs.train import JobConfig
@@ -58,7 +63,14 @@ def main() -> None:
                         "learner.algorithm.topk_kl_coef=0"],
         "grpo": ["warm_start.num_episodes=0", "run.steps=100000", "teacher=null", "learner.algorithm.name=grpo",
                  "learner.algorithm.topk_kl_coef=0", "rollout.group_size=8"],
+        "turn_judge": ["warm_start.num_episodes=0", "run.steps=100000", "teacher=null", "judge.backend=oracle",
+                       "learner.algorithm.name=turn_judge", "learner.algorithm.topk_kl_coef=0",
+                       "rollout.group_size=1"],
     }
+    unknown = set(args.arms.split(",")) - set(arms)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; known: {list(arms)}")
+    arms = {arm: arms[arm] for arm in args.arms.split(",")}
     results, curves = {}, []
     for arm, overrides in arms.items():
         run_dir = out / arm
