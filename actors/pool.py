@@ -207,6 +207,14 @@ class RolloutPool:
     def stop(self) -> None:
         self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
+    def group_totals(self) -> dict[str, int]:
+        """Groups delivered and dropped without signal, summed over the answering workers' incarnations."""
+        totals = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
+        for answer in self._gather({i: self.workers[i].group_totals.remote() for i in self.active}).values():
+            for key in totals:
+                totals[key] += answer[key]
+        return totals
+
     def stats(self) -> list[dict[str, float]]:
         """Each answering worker's counters since its previous answer (deltas). A worker that is
         restarting or retired does not answer; the counts of an incarnation between its last

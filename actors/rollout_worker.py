@@ -125,6 +125,7 @@ class RolloutWorker:
         self._pending_weights: tuple[Any, int] | None = None
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
+        self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
     def __repr__(self) -> str:  # the dashboard's Repr column
@@ -160,6 +161,11 @@ class RolloutWorker:
 
     async def stop(self) -> None:
         self._stop = True
+
+    async def group_totals(self) -> dict[str, int]:
+        """Groups this incarnation delivered, and those of them dropped for carrying no signal
+        (the driver's hint when the learner waits for data)."""
+        return dict(self._group_totals)
 
     async def stats(self) -> dict[str, float]:
         """Counters since the previous `stats` call (deltas: a restarted worker starts again at 0
@@ -280,9 +286,11 @@ class RolloutWorker:
             self._stats[f"stage_{name}_s"] += time.perf_counter() - start
             if not trajectories:
                 self._stats["num_groups_without_signal"] += 1
+                self._group_totals["num_groups_without_signal"] += 1
                 break
         stored = await self.buffer.put_group.remote(encode_trajectories(trajectories), group_id)
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
+        self._group_totals["num_groups_delivered"] += 1
 
     async def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
         """Greedy episodes on a split, with the latest published weights; nothing goes to the buffer.

@@ -269,7 +269,13 @@ class TrainingRun:
             batch = self._wait_for_batch(B, should_stop)
             idle = time.perf_counter() - wait_start
             if batch.num_samples < B:
-                print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s", flush=True)
+                totals = self.pool.group_totals()
+                hint = ""
+                if totals["num_groups_without_signal"]:
+                    hint = (f"; the workers dropped {totals['num_groups_without_signal']} of the "
+                            f"{totals['num_groups_delivered']} groups they finished for carrying no signal (every "
+                            f"episode got the same reward; learner.algorithm.drop_zero_variance_groups=false keeps them)")
+                print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s{hint}", flush=True)
                 if batch.num_samples == 0:
                     continue
             stats = self.learner.train(batch, self.learner_algorithm)

@@ -105,9 +105,12 @@ def test_group_end_hook_sets_grpo_advantages(ray_session):
     samples = drain(ray, buffer)
     # An untrained model mostly fails every episode alike: such zero-variance groups carry no signal,
     # are dropped, and still complete their lease (an empty put).
+    totals = pool.group_totals()  # the driver's hint while the learner waits; not reset by `stats`
     stats = pool.stats()[0]
     assert stats["num_groups_put"] == 2
     assert len({s.group_id for s in samples}) == 2 - stats.get("num_groups_without_signal", 0)
+    assert totals == {"num_groups_delivered": 2,
+                      "num_groups_without_signal": stats.get("num_groups_without_signal", 0)} == pool.group_totals()
     assert all(s.advantage is not None for s in samples)
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
 
