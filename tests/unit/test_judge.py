@@ -5,7 +5,7 @@ import asyncio
 import dataclasses
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from hypothesis import given
@@ -19,6 +19,7 @@ from judge.http import HttpJudge, HttpJudgeConfig, JudgeAuthError, judge_message
 from judge.oracle import OracleJudge
 from judge.service import JudgeConfig, JudgeService, judged_reward
 from learner.models import ModelConfig, load_tokenizer
+from tests.json_http import JsonHandler
 
 
 @pytest.fixture(scope="module")
@@ -120,36 +121,25 @@ def test_the_service_judges_trainable_turns_once_and_counts_neutral_ones(tok):
     assert service.stats() == {"num_turns_judged": 3, "num_neutral": 2, "num_cache_hits": 3}
 
 
-class OpenAIStyle(BaseHTTPRequestHandler):
+class OpenAIStyle(JsonHandler):
     """A chat-completions endpoint whose answers the test scripts (a stand-in server for the
     client's retry and parsing logic; the real server path is tested against `vllm serve`)."""
 
     answers: list = []
     requests: list = []
 
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self):
         if self.headers.get("Authorization") != "Bearer right":
-            return self._send(401, {"error": {"message": "bad key", "type": "auth"}})
-        self._send(200, {"object": "list", "data": [{"id": "judge", "object": "model", "created": 0, "owned_by": "x"}]})
+            return self.reply(401, {"error": {"message": "bad key", "type": "auth"}})
+        self.reply(200, {"object": "list", "data": [{"id": "judge", "object": "model", "created": 0, "owned_by": "x"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         OpenAIStyle.requests.append(body)
         status, text = OpenAIStyle.answers.pop(0) if OpenAIStyle.answers else (200, "<score>5</score>")
         if status != 200:
-            return self._send(status, {"error": {"message": "unavailable", "type": "server"}})
-        self._send(200, {"id": "c", "object": "chat.completion", "created": 0, "model": "judge",
+            return self.reply(status, {"error": {"message": "unavailable", "type": "server"}})
+        self.reply(200, {"id": "c", "object": "chat.completion", "created": 0, "model": "judge",
                          "choices": [{"index": 0, "finish_reason": "stop",
                                       "message": {"role": "assistant", "content": text}}]})
 

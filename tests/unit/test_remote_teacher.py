@@ -4,13 +4,14 @@ is in tests/e2e/test_remote_teacher_server.py.)"""
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from learner.models import ModelConfig, load_tokenizer
 from teacher.backends import ScoreRequest
 from teacher.remote import PROBE, RemoteConfig, RemoteTeacherBackend, RemoteTeacherError, check_server
+from tests.json_http import JsonHandler
 
 TOKENIZER = load_tokenizer(ModelConfig(path="tiny:nano"))
 
@@ -28,18 +29,7 @@ class FakeServer:
         state = self
         self.num_failures, self.completions, self.auth = num_failures, 0, []
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def reply(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 assert self.path == "/v1/models"
                 self.reply(200, {"object": "list", "data": [{"id": "teacher", "max_model_len": 512}]})
