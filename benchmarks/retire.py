@@ -13,6 +13,7 @@
 
     python benchmarks/retire.py [--config jobs/configs/babyai_retire_tiny.yaml] [--budget-s 300]
                                 [--eval-tasks 100] [--out runs/retire] [--teacher runs/babyai_teacher_tiny/hf]
+                                [key.sub=value ...]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=100)
     parser.add_argument("--out", default="runs/retire")
     parser.add_argument("--teacher", help="a built teacher's HF directory (with teacher.json)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value for every arm (e.g. run.eval_every=2: the rule "
+                                                     "sees more evaluations within the budget)")
     args = parser.parse_args()
     from jobs.config import load_config
     from jobs.train import JobConfig
@@ -52,7 +55,7 @@ def main() -> None:
     warm = out / "warm"
     train(args.config, [f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"])
     common = [f"model.path={warm / 'warm_start_hf'}", f"run.max_wall_s={args.budget_s}", "warm_start.num_episodes=0",
-              "run.steps=100000"]
+              "run.steps=100000", *args.overrides]
     teacher = []
     if args.teacher:
         from teacher.privileged import TEACHER_MANIFEST
