@@ -1,6 +1,7 @@
 """RetireOPD vs never retiring vs GRPO alone, from the same warm start, at equal wall clock.
 
-1. One warm start (the config's `warm_start`), exported as a HF directory; every arm starts from it.
+1. One warm start (the config's `warm_start`), exported as a HF directory; every arm starts from it
+   (`<out>/warm` of an earlier run with the same --out is reused).
 2. Three `jobs.train` runs of `--budget-s` seconds each:
    - retire: the config as it is (`retire_opd`: GRPO + λ·OPD, the retirement rule at each eval);
    - never: the same joint loss, the teacher never retires (`joint`);
@@ -53,7 +54,10 @@ def main() -> None:
     out = Path(args.out)
     base = load_config(JobConfig, args.config)
     warm = out / "warm"
-    train(args.config, [f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"])
+    if (warm / "warm_start_hf").exists():  # a previous run's warm start, in the same --out
+        print(f"reusing the warm start in {warm}")
+    else:
+        train(args.config, [f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"])
     common = [f"model.path={warm / 'warm_start_hf'}", f"run.max_wall_s={args.budget_s}", "warm_start.num_episodes=0",
               "run.steps=100000", *args.overrides]
     teacher = []
