@@ -84,10 +84,10 @@ def main() -> None:
                         curves.append({"arm": arm, "version": row["version"], "eval_success": row["eval_success"]})
     warm_eval = evaluate(base, str(warm / "warm_start_hf"), "model", warm / "eval", args.eval_tasks)
     pq.write_table(pa.Table.from_pylist(curves), out / "curves.parquet")
-    print(f"{'task type':<22}{'warm':>8}" + "".join(f"{arm:>8}" for arm in results))
+    print(f"{'task type':<22}{'warm':>11}" + "".join(f"{arm:>11}" for arm in results))
     for name in warm_eval:
-        print(f"{name:<22}{warm_eval[name]['success_rate']:>8.3f}" +
-              "".join(f"{results[arm].get(name, {}).get('success_rate', 0):>8.3f}" for arm in results))
+        print(f"{name:<22}{warm_eval[name]['success_rate']:>11.3f}" +
+              "".join(f"{results[arm].get(name, {}).get('success_rate', 0):>11.3f}" for arm in results))
     print(f"curves: {out / 'curves.parquet'}")
     print(f"RESULT eval_warm={warm_eval['overall']['success_rate']:.3f} "
           + " ".join(f"eval_{arm}={r['overall']['success_rate']:.3f}" for arm, r in results.items())
