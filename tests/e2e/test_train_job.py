@@ -201,7 +201,10 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
     assert submit_line.startswith("ray job submit ") and " -- python -m jobs.train --config " in submit_line
     submit_line = submit_line.replace("ray job submit ", "ray job submit --no-wait ", 1)
     driver_port = free_port()
-    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", f"run.metrics_port={driver_port}"])
+    # An eval at every step: the eval gauge exists from step 1 on, not only in the run's last
+    # seconds, which a 5 s scrape can miss (it did once in CI).
+    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.eval_every=1",
+                                      f"run.metrics_port={driver_port}"])
     prometheus = None
     try:
         address = f"http://127.0.0.1:{dashboard}"
