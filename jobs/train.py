@@ -157,8 +157,8 @@ def preflight(config: JobConfig) -> None:
     import importlib.util
     import socket
 
-    from learner.models import load_tokenizer, resolve_model_dir
     from envs.privileged import PrivilegedContext
+    from learner.models import load_tokenizer, resolve_model_dir
     from teacher.privileged import check_built_teacher
 
     load_tokenizer(config.model)

@@ -89,6 +89,7 @@ class HttpJudge:
         self.tokenizer = tokenizer
         self.client = AsyncOpenAI(base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=0)
         self._slots = asyncio.Semaphore(config.max_concurrency)
+        self._episode: tuple[str, str] | None = None
 
     async def check(self) -> None:
         """Fail fast: the server answers, knows the model, and accepts the key."""
@@ -106,8 +107,13 @@ class HttpJudge:
                              f"served: {models}")
 
     def episode_text(self, trajectory) -> str:
-        last = trajectory.turns[-1]
-        return self.tokenizer.decode(list(last.prompt_ids) + list(last.response_ids), skip_special_tokens=False)
+        """The decoded episode; the selected turns of one trajectory are asked for together, so the
+        last trajectory's text is kept instead of decoding it once per turn."""
+        if self._episode is None or self._episode[0] != trajectory.trajectory_id:
+            last = trajectory.turns[-1]
+            text = self.tokenizer.decode(list(last.prompt_ids) + list(last.response_ids), skip_special_tokens=False)
+            self._episode = (trajectory.trajectory_id, text)
+        return self._episode[1]
 
     async def score(self, trajectory, turn: int) -> float | None:
         """The judge's score of `turn` in [0, 1]; None after every retry failed or went unparsed."""
