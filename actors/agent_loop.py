@@ -12,6 +12,15 @@ exactly as generated, and the tokens of what the chat template adds after them (
 response and the next generation prompt) -- never a decode/re-encode of the response. Only
 when the history window drops turns (or the template rewrites earlier turns) is the prompt
 re-rendered from messages; buffer.expansion detects those episodes before packing.
+
+Working memory (`LoopConfig.working_memory`, docs/algorithms.md §7) splits each environment
+step in two stages, both recorded as trainable turns with their stage tag:
+
+    memory stage:  [system, task + last memory + window, memory request] -> notes (own token budget)
+    action stage:  [system, task + new memory  + window]                 -> tool call -> env.step
+
+The memory changes every step, so no prompt extends the previous one: every prompt is
+rendered from messages, and the window, not the whole episode, bounds its length.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import InferenceEngine, SamplingConfig
 from buffer.contracts import Trajectory, Turn
-from envs.parser import ToolCallParser, format_tool_call
+from envs.parser import CALL_OPEN, ToolCallParser, format_tool_call
 from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
 from envs.protocol import EnvReset, TaskInfo, TextEnv, ToolCall
@@ -46,6 +55,11 @@ class LoopConfig(BaseModel):
     privileged: PrivilegedConfig = PrivilegedConfig()
     """Privileged context c+ in the policy's own system turn: only for building a RetireOPD teacher
     (jobs.build_teacher); a student never reads it."""
+    working_memory: bool = False
+    """Two-stage turns: the policy writes its working memory, then acts from it and the last
+    `prompt.history_window` turns (seed 000 v3.1)."""
+    memory_max_new_tokens: int = Field(default=64, ge=1)
+    """Token budget of a memory response (the action's is the sampling's `max_new_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,12 @@ class EpisodeState:
     """The caller's label for this episode, returned with its result."""
     privileged: str = ""
     """Privileged context c+ ending the system turn (`LoopConfig.privileged`); '' for a student."""
+    stage: str = "action"
+    """What the next response is: 'action', or 'memory' (working memory, before the action)."""
+    memory: str | None = None
+    """The latest working memory; None before the first (or without working memory)."""
+    well_formed: list[bool] = field(default_factory=list)
+    """Per response, memory stages included: whether it had the stage's format."""
 
     @property
     def observation(self) -> str:
@@ -171,9 +191,11 @@ class ChatPrompter:
 
     def prompt_ids(self, ep: EpisodeState, last: Response | None) -> list[int]:
         messages = render_messages(self.loop.prompt, ep.env.system_prompt, ep.reset.task, ep.reset.observation,
-                                   ep.history, tools=ep.env.tools, system_extra=ep.privileged)
+                                   ep.history, tools=ep.env.tools, system_extra=ep.privileged,
+                                   working_memory=ep.memory, memory_request=ep.stage == "memory")
         window = self.loop.prompt.history_window
-        if last is not None and last.prompt_ids is not None and (window == "all" or len(ep.history) <= window):
+        if (not self.loop.working_memory and last is not None and last.prompt_ids is not None
+                and (window == "all" or len(ep.history) <= window)):
             tail = self._tail_ids(messages, ep)
             if tail is not None:
                 closed = last.response_ids if last.finish_reason == "stop" else last.response_ids + (self.stop_id,)
@@ -184,7 +206,11 @@ class ChatPrompter:
                            replayed: bool = False) -> Response:
         """`call` in its canonical text as a response with log-prob 0 per token (the expert is
         deterministic): its tokens are what the tokenizer gives the text, plus the end-of-turn token."""
-        text = format_tool_call(call)
+        return self.canonical_text(format_tool_call(call), prompt_ids, policy_version, replayed)
+
+    def canonical_text(self, text: str, prompt_ids: list[int], policy_version: int,
+                       replayed: bool = False) -> Response:
+        """`text` as a response: its tokens plus the end-of-turn token, log-prob 0 per token."""
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self.stop_id,)
         return Response(text, tuple(prompt_ids), ids, (0.0,) * len(ids), policy_version=policy_version,
                         replayed=replayed)
@@ -219,6 +245,7 @@ class ModelPolicy:
             prompt = self.prompter.prompt_ids(ep, ep.policy_state)
             prompts.append(prompt)
             room = self.loop.max_context_tokens - len(prompt)
+            budget = self.loop.memory_max_new_tokens if ep.stage == "memory" else self.sampling.max_new_tokens
             if len(ep.history) < len(ep.task.replay):
                 responses[i] = ep.policy_state = self.prompter.canonical_response(
                     ep.task.replay[len(ep.history)], prompt, self.engine.version, replayed=True)
@@ -226,7 +253,7 @@ class ModelPolicy:
                 responses[i] = Response("", tuple(prompt), finish_reason="context",
                                         policy_version=self.engine.version)
             else:
-                budgets.setdefault(min(self.sampling.max_new_tokens, room), []).append(i)
+                budgets.setdefault(min(budget, room), []).append(i)
         version = self.engine.version
         for max_new, indices in budgets.items():
             sampling = self.sampling.model_copy(update={"max_new_tokens": max_new})
@@ -267,7 +294,9 @@ class EpisodeRunner:
         env = self._envs[slot]
         reset = env.reset(seed=task.seed, split=task.split)
         privileged = "" if self._context is None else self._context.text(env, reset)
-        self.running.append(EpisodeState(slot=slot, task=task, env=env, reset=reset, tag=tag, privileged=privileged))
+        ep = EpisodeState(slot=slot, task=task, env=env, reset=reset, tag=tag, privileged=privileged)
+        ep.stage = _next_stage(ep, self.config)
+        self.running.append(ep)
 
     def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
         """One round: every running episode gets one response; returns (tag, result) of those that finished."""
@@ -276,7 +305,7 @@ class EpisodeRunner:
         responses = policy.respond(self.running)
         finished, still = [], []
         for ep, response in zip(self.running, responses):
-            _advance(ep, self._parsers[ep.slot], response, ep.task.max_turns or self.config.max_turns)
+            _advance(ep, self._parsers[ep.slot], response, ep.task.max_turns or self.config.max_turns, self.config)
             if ep.done:
                 finished.append((ep.tag, _finish(ep, self.config.rewards)))
                 self._free.append(ep.slot)
@@ -308,9 +337,31 @@ def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], poli
     return [r for r in results if r is not None]
 
 
-def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_turns: int) -> None:
+def _next_stage(ep: EpisodeState, config: LoopConfig) -> str:
+    """'memory' before each action of the policy's own (a replayed expert call needs no memory)."""
+    return "memory" if config.working_memory and len(ep.history) >= len(ep.task.replay) else "action"
+
+
+def memory_well_formed(text: str) -> bool:
+    """A memory is notes: not empty, and no tool call (an action written there is never executed)."""
+    return bool(text.strip()) and CALL_OPEN not in text
+
+
+def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_turns: int,
+             config: LoopConfig) -> None:
     if response.finish_reason == "context":
         ep.done, ep.truncated = True, "context"
+        return
+    if ep.stage == "memory":
+        ep.memory = response.text.strip()
+        ep.stage = "action"
+        ok = memory_well_formed(response.text)
+        ep.well_formed.append(ok)
+        if response.prompt_ids is not None:
+            ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
+                                 response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
+                                 policy_version=response.policy_version, well_formed=ok,
+                                 finish_reason=response.finish_reason, stage="memory"))
         return
     parsed = parser.parse(response.text)
     observation = ep.observation
@@ -328,12 +379,14 @@ def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_t
                              finish_reason=response.finish_reason,
                              executed_call=None if parsed.call is None else
                              json.dumps({"name": parsed.call.name, "arguments": parsed.call.arguments})))
+    ep.well_formed.append(parsed.well_formed)
     if not ep.done and len(ep.history) >= max_turns:
         ep.done, ep.truncated = True, "max_turns"
+    ep.stage = _next_stage(ep, config)
 
 
 def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
-    well_formed = [t.error is None for t in ep.history]
+    well_formed = ep.well_formed
     reward = episode_reward(rewards, ep.success, well_formed)
     trajectory = None
     if ep.turns:

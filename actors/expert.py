@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from actors.agent_loop import ChatPrompter, EpisodeState, LoopConfig, Response
 from envs.parser import format_tool_call
 from envs.protocol import Expert, ToolCall
@@ -14,24 +16,45 @@ def _expert_call(ep: EpisodeState, expert: Expert) -> ToolCall:
     return expert.act(executed) or ToolCall(ep.env.tools[0]["function"]["name"])
 
 
-def _new_expert(ep: EpisodeState) -> Expert:
-    expert = ep.env.expert()
-    if expert is None:
-        raise ValueError(f"environment {type(ep.env).__name__} has no expert: it cannot demonstrate or be evaluated "
-                         f"with policy=expert")
-    return expert
+def expert_memory(call: ToolCall) -> str:
+    """The expert's working memory: its plan, which is the call it is about to make."""
+    arguments = f" with {json.dumps(call.arguments, sort_keys=True)}" if call.arguments else ""
+    return f"Plan: call {call.name}{arguments} next."
+
+
+class _ExpertState:
+    """The expert of one episode, its call planned at the memory stage, and its last response."""
+
+    def __init__(self, ep: EpisodeState) -> None:
+        self.expert = ep.env.expert()
+        if self.expert is None:
+            raise ValueError(f"environment {type(ep.env).__name__} has no expert: it cannot demonstrate or be "
+                             f"evaluated with policy=expert")
+        self.planned: ToolCall | None = None
+        self.last: Response | None = None
+
+    def answer(self, ep: EpisodeState) -> str:
+        """The text of the expert's response at the episode's current stage."""
+        if self.planned is None:
+            self.planned = _expert_call(ep, self.expert)
+        if ep.stage == "memory":
+            return expert_memory(self.planned)
+        call, self.planned = self.planned, None
+        return format_tool_call(call)
+
+
+def _state(ep: EpisodeState) -> _ExpertState:
+    if ep.policy_state is None:
+        ep.policy_state = _ExpertState(ep)
+    return ep.policy_state
 
 
 class ExpertPolicy:
-    """Answers each episode with the environment expert's canonical tool call; text only (no trajectory)."""
+    """Answers each episode with the environment expert's canonical tool call (and, with working
+    memory, its plan as the memory); text only (no trajectory)."""
 
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
-        responses = []
-        for ep in episodes:
-            if ep.policy_state is None:
-                ep.policy_state = _new_expert(ep)
-            responses.append(Response(format_tool_call(_expert_call(ep, ep.policy_state))))
-        return responses
+        return [Response(_state(ep).answer(ep)) for ep in episodes]
 
 
 class DemonstrationPolicy:
@@ -40,6 +63,7 @@ class DemonstrationPolicy:
     Each response is the call's tokens plus the end-of-turn token, with behaviour log-prob 0
     (the expert is deterministic); prompts are built exactly as `ModelPolicy` builds them, so the
     trajectories are what the student would have seen had it acted like the expert (SFT data).
+    With working memory, the memory responses are the expert's plan (`expert_memory`).
     """
 
     def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>", policy_version: int = 0) -> None:
@@ -50,11 +74,8 @@ class DemonstrationPolicy:
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses = []
         for ep in episodes:
-            if ep.policy_state is None:
-                ep.policy_state = (_new_expert(ep), None)
-            expert, last = ep.policy_state
-            response = self.prompter.canonical_response(_expert_call(ep, expert), self.prompter.prompt_ids(ep, last),
-                                                        self.policy_version)
-            ep.policy_state = (expert, response)
-            responses.append(response)
+            state = _state(ep)
+            prompt = self.prompter.prompt_ids(ep, state.last)
+            state.last = self.prompter.canonical_text(state.answer(ep), prompt, self.policy_version)
+            responses.append(state.last)
         return responses

@@ -22,6 +22,9 @@ class RandomPolicy:
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses = []
         for ep in episodes:
+            if ep.stage == "memory":
+                responses.append(Response("Plan: try a random action."))
+                continue
             names = [tool["function"]["name"] for tool in ep.env.tools]
             rng = random.Random(f"{self.seed}:{ep.task.split}:{ep.task.seed}:{ep.task.index}:{len(ep.history)}")
             responses.append(Response(format_tool_call(ToolCall(rng.choice(names)))))

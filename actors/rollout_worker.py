@@ -266,10 +266,11 @@ class RolloutWorker:
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens
         self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in result.trajectory.turns)
-        for turn in result.trajectory.turns:
+        for step, turn in zip(result.trajectory.env_steps(), result.trajectory.turns):
             if turn.trainable:  # the student's turns (TCOD-B2F replays the expert's first)
-                self._stats[f"{TURNS_AT}{turn.turn_index}"] += 1
-                self._stats[f"{FORMAT_ERRORS_AT}{turn.turn_index}"] += not turn.well_formed
+                # Indexed by environment step; a working-memory turn's format error counts at its step.
+                self._stats[f"{TURNS_AT}{step}"] += turn.stage == "action"
+                self._stats[f"{FORMAT_ERRORS_AT}{step}"] += not turn.well_formed
         m = self.metrics
         m.inc("episodes", task_type=result.info.task_type, outcome="success" if result.success else "failure")
         m.inc("rollout_tokens", tokens)

@@ -29,6 +29,9 @@ def check_topk(turn_index: int, num_response_tokens: int, ids, logprobs) -> None
         raise ValueError(f"turn {turn_index}: teacher top-k rows of different widths {sorted(widths)}")
 
 
+STAGES = ("action", "memory")
+
+
 @dataclass(frozen=True)
 class Turn:
     """One agent turn: the prompt the engine saw and what it generated."""
@@ -60,9 +63,14 @@ class Turn:
     -1 pads a position where the teacher has fewer (or no) candidates. None: not requested."""
     teacher_topk_logprobs: tuple[tuple[float, ...], ...] | None = None
     """Teacher log-probs of `teacher_topk_ids`, shape [num_response_tokens, k] (0 on padding)."""
+    stage: str = "action"
+    """'action' (a response the environment executes) or 'memory' (a working-memory response,
+    docs/algorithms.md §7: it precedes the action of the same environment step)."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
+        if self.stage not in STAGES:
+            raise ValueError(f"turn {self.turn_index}: stage {self.stage!r} is not one of {STAGES}")
         check_topk(self.turn_index, n, self.teacher_topk_ids, self.teacher_topk_logprobs)
         if len(self.behaviour_logprobs) != n:
             raise ValueError(f"turn {self.turn_index}: {len(self.behaviour_logprobs)} behaviour log-probs "
@@ -104,6 +112,19 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turns)
+
+    def env_steps(self) -> list[int]:
+        """The environment step of each turn, shape [num_turns]: a memory turn belongs to the
+        action that follows it; without working memory, turn k is step k."""
+        return env_steps(self.turns)
+
+
+def env_steps(turns) -> list[int]:
+    steps, step = [], 0
+    for turn in turns:
+        steps.append(step)
+        step += turn.stage == "action"
+    return steps
 
 
 @dataclass(frozen=True)
@@ -184,7 +205,7 @@ TURN_TYPE = pa.struct([
     ("behaviour_logprobs", _LOGPROBS), ("policy_version", pa.int64()), ("teacher_logprobs", _LOGPROBS),
     ("trainable", pa.bool_()), ("well_formed", pa.bool_()), ("turn_reward", pa.float64()),
     ("finish_reason", pa.string()), ("executed_call", pa.string()),
-    ("teacher_topk_ids", _TOPK_IDS), ("teacher_topk_logprobs", _TOPK_LOGPROBS),
+    ("teacher_topk_ids", _TOPK_IDS), ("teacher_topk_logprobs", _TOPK_LOGPROBS), ("stage", pa.string()),
 ])
 TRAJECTORY_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()), ("group_id", pa.string()), ("split", pa.string()),

@@ -10,8 +10,9 @@ answered by a user message that names the format error.
 With W = "all" and no malformed turns, the prompt of turn k+1 extends the prompt of turn k;
 with a finite window it does not once k > W (buffer/ detects that before packing).
 
-Two-stage working memory (docs/algorithms.md §7) plugs in through `working_memory`: the latest
-memory text is shown in the user message, and the caller decides when to ask for a new one.
+Two-stage working memory (docs/algorithms.md §7): `working_memory`, the latest memory text, is
+shown in the user message; `memory_request` ends the messages with the request for a new one
+(the memory stage), otherwise they end where the action is asked for (the action stage).
 """
 
 from __future__ import annotations
@@ -109,9 +110,15 @@ def system_content(config: PromptConfig, system_prompt: str, tools: list[dict[st
     return system_prompt
 
 
+MEMORY_REQUEST = ("Before you act, write your working memory: what you understand of the environment and "
+                  "the tools so far, where you are, and your plan. Plain notes, no tool call; your next "
+                  "action will be chosen from these notes and the recent turns.")
+
+
 def render_messages(config: PromptConfig, system_prompt: str, task: str, first_observation: str,
                     history: list[HistoryTurn], working_memory: str | None = None,
-                    tools: list[dict[str, Any]] | None = None, system_extra: str = "") -> list[dict[str, Any]]:
+                    tools: list[dict[str, Any]] | None = None, system_extra: str = "",
+                    memory_request: bool = False) -> list[dict[str, Any]]:
     """Chat messages for the next turn, given the task and every past turn of the episode.
 
     With `config.tools == "compact"`, `tools` are described in the system message itself;
@@ -124,11 +131,13 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if hidden:
         user += f"({hidden} earlier turn{'s' if hidden > 1 else ''} not shown.)\n"
     if working_memory is not None:
-        user += f"Your notes so far:\n{working_memory}\n"
+        user += f"Your working memory:\n{working_memory}\n"
     user += f"\nWhat you see:\n{start_observation}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_content(config, system_prompt, tools) + system_extra},
                                       {"role": "user", "content": user}]
     for turn in history[hidden:]:
         messages.append(_assistant_message(turn))
         messages.append(_answer_message(turn))
+    if memory_request:
+        messages.append({"role": "user", "content": MEMORY_REQUEST})
     return messages

@@ -137,6 +137,11 @@ class JobConfig(BaseModel):
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
+        if self.rollout.loop.working_memory:
+            if any(t.backend == "oracle" for t in self.teachers):
+                raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
+                                 "environment's expert and has no answer for a memory turn; use a model teacher "
+                                 "(teacher.backend=hf|vllm|remote) or turn working memory off")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
         rollout = self.rollout

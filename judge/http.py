@@ -119,7 +119,8 @@ class HttpJudge:
         """The judge's score of `turn` in [0, 1]; None after every retry failed or went unparsed."""
         import openai
 
-        messages = judge_messages(self.config.rubric, self.episode_text(trajectory), turn, trajectory.num_turns)
+        steps = trajectory.env_steps()  # the decoded episode shows actions only (a memory turn is judged by its action)
+        messages = judge_messages(self.config.rubric, self.episode_text(trajectory), steps[turn], steps[-1] + 1)
         for attempt in range(self.config.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.config.backoff_s * 2 ** (attempt - 1))

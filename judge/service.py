@@ -130,12 +130,17 @@ class JudgeService:
         return score
 
     async def judge(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        """The trajectories with judged rewards on their trainable turns (others unchanged)."""
+        """The trajectories with judged rewards on their trainable turns (others unchanged); a memory
+        turn gets its action's score plus its own format term."""
         out = []
         for t in trajectories:
-            turns = [k for k, turn in enumerate(t.turns) if turn.trainable]
-            scores = await asyncio.gather(*(self._score(t, k) for k in turns))
-            rewards = dict(zip(turns, (judged_reward(self.config, t, k, s) for k, s in zip(turns, scores))))
+            steps = t.env_steps()
+            action_of = {step: k for k, (step, turn) in enumerate(zip(steps, t.turns)) if turn.stage == "action"}
+            # A working-memory turn is judged by the action it led to (its step's score).
+            judged = {k: action_of.get(steps[k], k) for k, turn in enumerate(t.turns) if turn.trainable}
+            asked = sorted(set(judged.values()))
+            scores = dict(zip(asked, await asyncio.gather(*(self._score(t, k) for k in asked))))
+            rewards = {k: judged_reward(self.config, t, k, scores[j]) for k, j in judged.items()}
             out.append(dataclasses.replace(t, turns=tuple(
                 dataclasses.replace(turn, turn_reward=rewards[k]) if k in rewards else turn
                 for k, turn in enumerate(t.turns))))

@@ -249,11 +249,15 @@ def group_advantages(trajectories: list[Trajectory], drop_flat: bool) -> list[Tr
 
 
 def select_turns(trajectory: Trajectory, k: int, seed: int) -> Trajectory:
-    """turn_level: keep k turns trainable, chosen by a RNG seeded from the trajectory id."""
-    if trajectory.num_turns <= k:
+    """turn_level: keep k environment steps trainable, chosen by a RNG seeded from the trajectory
+    id; a step's working-memory turn goes with its action."""
+    steps = trajectory.env_steps()
+    num_steps = steps[-1] + 1 if steps else 0
+    if num_steps <= k:
         return trajectory
-    keep = set(random.Random(f"{seed}:{trajectory.trajectory_id}").sample(range(trajectory.num_turns), k))
-    turns = tuple(dataclasses.replace(t, trainable=t.trainable and i in keep) for i, t in enumerate(trajectory.turns))
+    keep = set(random.Random(f"{seed}:{trajectory.trajectory_id}").sample(range(num_steps), k))
+    turns = tuple(dataclasses.replace(t, trainable=t.trainable and step in keep)
+                  for step, t in zip(steps, trajectory.turns))
     return dataclasses.replace(trajectory, turns=turns)
 
 

@@ -65,7 +65,7 @@ def test_malformed_turns_keep_raw_text_and_name_the_error():
 
 def test_working_memory_is_shown():
     msgs = render_messages(PromptConfig(), "sys", "go", "obs", [], working_memory="the key is behind me")
-    assert "Your notes so far:\nthe key is behind me\n" in msgs[1]["content"]
+    assert "Your working memory:\nthe key is behind me\n" in msgs[1]["content"]
 
 
 def test_full_history_prompts_extend_each_other_token_for_token():
