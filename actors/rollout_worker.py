@@ -266,6 +266,9 @@ class RolloutWorker:
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens
         self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in result.trajectory.turns)
+        memory = [t for t in result.trajectory.turns if t.stage == "memory"]
+        self._stats["num_memory_turns"] += len(memory)
+        self._stats["num_memory_format_errors"] += sum(not t.well_formed for t in memory)
         for step, turn in zip(result.trajectory.env_steps(), result.trajectory.turns):
             if turn.trainable:  # the student's turns (TCOD-B2F replays the expert's first)
                 # Indexed by environment step; a working-memory turn's format error counts at its step.

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
 """Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
 WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
-                   "num_prompt_tokens", "num_success_turns")
+                   "num_prompt_tokens", "num_success_turns", "num_memory_turns", "num_memory_format_errors")
 """The rollout-worker counters the record is built from (every worker reports them as deltas)."""
 
 
@@ -38,6 +38,9 @@ class Counts:
     num_prompt_tokens: int = 0
     num_success_turns: int = 0
     """Turns of the successful episodes."""
+    num_memory_turns: int = 0
+    """Working-memory responses (the turns above are environment steps, their actions)."""
+    num_memory_format_errors: int = 0
     turns_by_index: tuple[int, ...] = ()
     """The student's turns at each turn index."""
     format_errors_by_index: tuple[int, ...] = ()
@@ -115,8 +118,14 @@ class StepRecord:
     train_success_rate: float | None
     """Success rate of the episodes that finished during this step; None when none did."""
     format_error_rate: float | None
-    """Format errors per turn over this step's finished episodes; None when none finished."""
+    """Format errors per turn over this step's finished episodes, memory responses included
+    (a turn is an environment step); None when none finished."""
+    memory_turns: int
+    """Working-memory responses so far (0 without `rollout.loop.working_memory`)."""
+    memory_format_error_rate: float | None
+    """Empty memories, or memories holding a tool call, per memory response this step; None without any."""
     prompt_tokens_per_turn: float | None
+    """Prompt tokens per environment step, both stages' prompts with working memory."""
     rollout_tokens_per_s: float
     reverse_kl_by_turn: list[float | None]
     """Mean sampled-token reverse KL of the trained tokens at each turn index (None: no token there)."""
@@ -156,7 +165,7 @@ STEP_SCHEMA = pa.schema([
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
     ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
     ("judged_turns", pa.int64()), ("judge_neutral_turns", pa.int64()), ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
-    ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
+    ("memory_turns", pa.int64()), ("memory_format_error_rate", pa.float64()), ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
     ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),
     ("response_tokens_per_turn", pa.float64()), ("turns_to_success", pa.float64()),
     ("reverse_kl_head", pa.float64()), ("reverse_kl_tail", pa.float64()),
@@ -170,7 +179,7 @@ assert [f.name for f in fields(StepRecord)] == STEP_SCHEMA.names, "StepRecord an
 
 _TOTALS = {"episodes": "num_episodes", "successes": "num_successes", "turns": "num_turns",
            "format_errors": "num_format_errors", "rollout_tokens": "num_response_tokens",
-           "prompt_tokens": "num_prompt_tokens"}
+           "prompt_tokens": "num_prompt_tokens", "memory_turns": "num_memory_turns"}
 _BUFFER_TOTALS = {"buffer_put": "num_put", "buffer_consumed": "num_consumed", "dropped_stale": "num_dropped_stale",
                   "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups"}
 BUFFER_COUNTERS = tuple(_BUFFER_TOTALS.values())
@@ -190,6 +199,8 @@ def running_totals(previous: StepRecord | None, counts: Counts, buffer_delta: di
     out["teacher_restarts"] = before("teacher_restarts") + teacher_restarts
     out["train_success_rate"] = counts.num_successes / counts.num_episodes if counts.num_episodes else None
     out["format_error_rate"] = counts.num_format_errors / counts.num_turns if counts.num_turns else None
+    out["memory_format_error_rate"] = (counts.num_memory_format_errors / counts.num_memory_turns
+                                       if counts.num_memory_turns else None)
     out["prompt_tokens_per_turn"] = counts.num_prompt_tokens / counts.num_turns if counts.num_turns else None
     out["response_tokens_per_turn"] = counts.num_response_tokens / counts.num_turns if counts.num_turns else None
     out["turns_to_success"] = counts.num_success_turns / counts.num_successes if counts.num_successes else None

@@ -370,3 +370,20 @@ def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_
     while api_servers() - before and time.monotonic() < deadline:  # the server dies with its actor
         time.sleep(1)
     assert not api_servers() - before
+
+
+def test_a_short_working_memory_run_trains_both_stages(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_memory_tiny.yaml",
+                           "model.path=tiny:nano", "buffer.batch_size=8", "rollout.loop.max_turns=3",
+                           "rollout.sampling.max_new_tokens=16", "rollout.loop.memory_max_new_tokens=8",
+                           "warm_start.num_episodes=4", "warm_start.batch_episodes=2", "run.eval_every=2",
+                           "learner.algorithm.drop_zero_variance_groups=false",
+                           "run.eval_tasks=4", "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
+                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    # Every environment step of every finished episode had a memory response before its action.
+    assert all(r["memory_turns"] > 0 and r["memory_turns"] == r["turns"] for r in rows)
+    assert rows[0]["memory_format_error_rate"] is not None and all(r["num_loss_tokens"] > 0 for r in rows)
+    assert rows[-1]["eval_success"] is not None
