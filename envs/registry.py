@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
 from envs.protocol import TextEnv
 
 DEFAULT_ENV = "babyai_text"
-BUILTIN_ENVS: dict[str, str] = {"babyai_text": "envs.babyai_text"}
+BUILTIN_ENVS: dict[str, str] = {"babyai_text": "envs.babyai_text", "alfworld": "envs.alfworld"}
 """Registered environments that ship with the project -> the module that registers each (imported on first use)."""
 
 

@@ -87,9 +87,10 @@ def summarize(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
 
 
 def format_table(summary: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'task type':<22}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}"]
+    width = max(22, *(len(name) + 2 for name in summary))
+    lines = [f"{'task type':<{width}}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}"]
     for name, s in summary.items():
-        lines.append(f"{name:<22}{s['num_episodes']:>9}{s['success_rate']:>9.3f}"
+        lines.append(f"{name:<{width}}{s['num_episodes']:>9}{s['success_rate']:>9.3f}"
                      f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}")
     return "\n".join(lines)
 

@@ -10,7 +10,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from pathlib import Path
+
 import pytest
+
+ALFWORLD_ARCHIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alfworld" / "alfworld-json_2.1.1-valid.tar.xz"
+"""ALFWorld's official 2.1.1 evaluation games, next to the checkout (never committed into it)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,3 +35,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def alfworld_data(tmp_path_factory) -> Path:
+    """An `alfworld-download` layout: $ALFWORLD_DATA when it has one, else the archive unpacked once
+    per session. Rebuilt games land in the session's model cache, so each is rebuilt once."""
+    import tarfile
+
+    pytest.importorskip("alfworld", reason="needs the alfworld extra (pip install -e '.[alfworld]'; CI installs it)")
+    env_root = os.environ.get("ALFWORLD_DATA")
+    if env_root and (Path(env_root) / "json_2.1.1").is_dir():
+        return Path(env_root)
+    if not ALFWORLD_ARCHIVE.is_file():
+        pytest.skip(f"no ALFWorld games: set $ALFWORLD_DATA or provide {ALFWORLD_ARCHIVE}")
+    root = tmp_path_factory.mktemp("alfworld-data")
+    with tarfile.open(ALFWORLD_ARCHIVE) as archive:
+        archive.extractall(root, filter="data")
+    return root / "alfworld"
