@@ -8,7 +8,7 @@ or sliced tasks, only games marked solvable) in a fixed order; seed i plays game
 Games built for an older ALFWorld (2.1.1 files carry their own domain and grammar, in which
 "put" is a command the 0.4.2 expert does not say) are rebuilt once with the installed package's
 PDDL domain and grammar, keeping the problem, the solvable flag and the task sentence, into a
-cache (docs/environments.md); games already built with the package's domain are used as they are.
+cache (docs/alfworld.md); games already built with the package's domain are used as they are.
 
 Each call is checked against the game's admissible commands before it reaches TextWorld: an
 inadmissible one costs a step and is answered with an error observation naming it (and the
