@@ -36,7 +36,7 @@ from buffer.contracts import Trajectory, Turn
 from envs.parser import CALL_OPEN, ToolCallParser, format_tool_call
 from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
-from envs.protocol import EnvReset, TaskInfo, TextEnv, ToolCall
+from envs.protocol import EnvCrashed, EnvReset, EnvStep, TaskInfo, TextEnv, ToolCall
 from envs.rewards import EpisodeReward, RewardConfig, episode_reward
 
 
@@ -278,6 +278,8 @@ class EpisodeRunner:
         self._parsers = [ToolCallParser(env.tools, config.parser_mode) for env in self._envs]
         self._free = list(range(num_slots))[::-1]
         self.running: list[EpisodeState] = []
+        self.num_env_restarts = 0
+        """Episodes started over because their environment's process died."""
         self._context = PrivilegedContext(config.privileged) if config.privileged.enabled else None
         if self._context is not None:
             self._context.check(self._envs[0])
@@ -288,24 +290,49 @@ class EpisodeRunner:
 
     def start(self, task: EpisodeTask, tag: Any = None) -> None:
         """Reset a free environment for `task`; `tag` comes back with the result."""
-        if not self._free:
-            raise RuntimeError("no free environment slot")
-        slot = self._free.pop()
+        self.start_many([(task, tag)])
+
+    def start_many(self, tasks: list[tuple[EpisodeTask, Any]]) -> None:
+        """Reset a free environment for each (task, tag); environments in their own processes
+        (actors.env_actor) load their games concurrently."""
+        if len(tasks) > len(self._free):
+            raise RuntimeError(f"{len(tasks)} tasks for {len(self._free)} free environment slots")
+        slots = [self._free.pop() for _ in tasks]
+        pending = [_submit(self._envs[slot], "reset", task.seed, task.split) for slot, (task, _) in zip(slots, tasks)]
+        for slot, (task, tag), resolve in zip(slots, tasks, pending):
+            try:
+                reset = resolve()
+            except EnvCrashed:
+                self.num_env_restarts += 1
+                reset = _reset_until_up(self._envs[slot], task)
+            self.running.append(self._episode(slot, task, tag, reset))
+
+    def _episode(self, slot: int, task: EpisodeTask, tag: Any, reset: EnvReset) -> EpisodeState:
         env = self._envs[slot]
-        reset = env.reset(seed=task.seed, split=task.split)
         privileged = "" if self._context is None else self._context.text(env, reset)
         ep = EpisodeState(slot=slot, task=task, env=env, reset=reset, tag=tag, privileged=privileged)
         ep.stage = _next_stage(ep, self.config)
-        self.running.append(ep)
+        return ep
 
     def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
         """One round: every running episode gets one response; returns (tag, result) of those that finished."""
         if not self.running:
             return []
         responses = policy.respond(self.running)
+        # Every environment step of the round is submitted before any is awaited: environments
+        # in their own processes step concurrently.
+        acted = [_act(ep, self._parsers[ep.slot], response) for ep, response in zip(self.running, responses)]
         finished, still = [], []
-        for ep, response in zip(self.running, responses):
-            _advance(ep, self._parsers[ep.slot], response, ep.task.max_turns or self.config.max_turns, self.config)
+        for ep, response, (parsed, resolve) in zip(self.running, responses, acted):
+            try:
+                step = resolve()
+            except EnvCrashed:
+                # Its process died mid-episode: the episode starts over in the restarted one (nothing
+                # of it was delivered yet, so it is neither lost nor recorded twice).
+                self.num_env_restarts += 1
+                still.append(self._episode(ep.slot, ep.task, ep.tag, _reset_until_up(ep.env, ep.task)))
+                continue
+            _advance(ep, response, parsed, step, ep.task.max_turns or self.config.max_turns, self.config)
             if ep.done:
                 finished.append((ep.tag, _finish(ep, self.config.rewards)))
                 self._free.append(ep.slot)
@@ -328,9 +355,8 @@ def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], poli
     results: list[EpisodeResult | None] = [None] * len(tasks)
     with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
         while pending or runner.running:
-            while pending and runner.num_free:
-                index, task = pending.pop()
-                runner.start(task, tag=index)
+            runner.start_many([(task, index) for index, task in
+                               (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
             for index, result in runner.step(policy):
                 results[index] = result
                 bar.update()
@@ -347,7 +373,40 @@ def memory_well_formed(text: str) -> bool:
     return bool(text.strip()) and CALL_OPEN not in text
 
 
-def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_turns: int,
+def _submit(env: TextEnv, method: str, *args) -> Callable[[], Any]:
+    """`env.<method>(*args)`, started now; the returned function waits for its result."""
+    submit = getattr(env, f"submit_{method}", None)
+    if submit is not None:
+        return submit(*args)
+    value = getattr(env, method)(*args)
+    return lambda: value
+
+
+def _reset_until_up(env: TextEnv, task: EpisodeTask, attempts: int = 60, wait_s: float = 1.0) -> EnvReset:
+    """Reset `task` in an environment whose process is being restarted."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return env.reset(seed=task.seed, split=task.split)
+        except EnvCrashed:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
+def _act(ep: EpisodeState, parser: ToolCallParser, response: Response):
+    """(parsed response, function that waits for the environment's step or returns None)."""
+    if response.finish_reason == "context" or ep.stage == "memory":
+        return None, lambda: None
+    parsed = parser.parse(response.text)
+    if parsed.call is None:
+        return parsed, lambda: None
+    return parsed, _submit(ep.env, "step", parsed.call)
+
+
+def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None, max_turns: int,
              config: LoopConfig) -> None:
     if response.finish_reason == "context":
         ep.done, ep.truncated = True, "context"
@@ -363,10 +422,8 @@ def _advance(ep: EpisodeState, parser: ToolCallParser, response: Response, max_t
                                  policy_version=response.policy_version, well_formed=ok,
                                  finish_reason=response.finish_reason, stage="memory"))
         return
-    parsed = parser.parse(response.text)
     observation = ep.observation
-    if parsed.call is not None:
-        step = ep.env.step(parsed.call)
+    if step is not None:
         observation = step.observation
         ep.done, ep.success = step.done, step.success
     ep.history.append(HistoryTurn(response_text=response.text, call=parsed.call, error=parsed.error,

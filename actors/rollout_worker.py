@@ -61,6 +61,13 @@ class RolloutConfig(BaseModel):
     """Torch threads of the HF engine on CPU; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
+    env_actors: bool = False
+    """Each environment slot in its own actor process, stepped concurrently (actors/env_actor.py):
+    for slow environments (ALFWorld); BabyAI is fast enough in-process."""
+    env_actor_cpus: float = Field(default=0.0, ge=0)
+    """CPUs each environment actor reserves."""
+    env_max_restarts: int = Field(default=3, ge=0)
+    """Restarts of a crashed environment actor (its episode starts over each time)."""
 
 
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
@@ -125,6 +132,7 @@ class RolloutWorker:
         self._pending_weights: tuple[Any, int] | None = None
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
+        self._env_sets: dict[str, list] = {}
         self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
@@ -203,6 +211,19 @@ class RolloutWorker:
         return [dataclasses.replace(t, max_turns=plan.max_turns, replay=plan.replay, horizon_k=plan.horizon_k)
                 for t in tasks]
 
+    def _env_factory(self, use: str):
+        """Environments for a runner: built in-process, or this worker's environment actors for
+        `use` ('run' or 'eval': an evaluation may run while rollout does), started once."""
+        if not self.config.env_actors:
+            return lambda: make_env(self.env_config)
+        from actors.env_actor import RemoteEnv
+
+        if use not in self._env_sets:
+            self._env_sets[use] = [RemoteEnv(self.env_config, self.config.env_actor_cpus, self.config.env_max_restarts)
+                                   for _ in range(self.config.num_envs)]
+        envs = iter(self._env_sets[use])
+        return lambda: next(envs)
+
     async def run(self, max_groups: int | None = None, start_version: int = 0,
                   weights: tuple[list, int] | None = None) -> None:
         """Roll out until stopped, or until this worker has completed max_groups groups in total;
@@ -212,7 +233,7 @@ class RolloutWorker:
             await self.update_weights(*weights)
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
         self._stats["num_recovered_groups"] += len(recovered)
-        runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)
+        runner = EpisodeRunner(self._env_factory("run"), self.config.num_envs, self.config.loop)
         groups: dict[str, list[EpisodeResult]] = {}
         # A finished group's delivery (teacher scoring, the buffer put) runs while the next
         # rounds generate; a failed delivery fails the run at the next round.
@@ -237,8 +258,7 @@ class RolloutWorker:
                     next_index += 1
                 groups[lease.group_id] = []
                 in_flight += 1
-                for task in self._tasks(lease, start_version):
-                    runner.start(task, tag=lease.group_id)
+                runner.start_many([(task, lease.group_id) for task in self._tasks(lease, start_version)])
             if not runner.running:
                 await asyncio.sleep(self.config.admission_backoff_s)
                 continue
@@ -249,6 +269,8 @@ class RolloutWorker:
                 start = time.perf_counter()
                 finished = await loop.run_in_executor(None, runner.step, self.policy)
                 self._stats["generate_s"] += time.perf_counter() - start
+            self._stats["num_env_restarts"] += runner.num_env_restarts
+            runner.num_env_restarts = 0
             for group_id, result in finished:
                 groups[group_id].append(result)
                 self._record(result)
@@ -302,13 +324,12 @@ class RolloutWorker:
         await self._apply_weights()  # weights published while no `run` was applying them (warm start)
         greedy = ModelPolicy(self.engine, self.tokenizer, self.config.sampling.model_copy(update={"temperature": 0.0}),
                              self.config.loop)
-        runner = EpisodeRunner(lambda: make_env(self.env_config), self.config.num_envs, self.config.loop)
+        runner = EpisodeRunner(self._env_factory("eval"), self.config.num_envs, self.config.loop)
         pending = [EpisodeTask(split, s) for s in seeds][::-1]
         rows = []
         loop = asyncio.get_running_loop()
         while pending or runner.running:
-            while pending and runner.num_free:
-                runner.start(pending.pop())
+            runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
             async with self._engine_lock:
                 finished = await loop.run_in_executor(None, runner.step, greedy)
             rows.extend({"seed": r.task.seed, "task_type": r.info.task_type, "success": r.success,

@@ -63,6 +63,10 @@ class EnvStep:
     """True when the episode ended because the step limit was reached."""
 
 
+class EnvCrashed(RuntimeError):
+    """The process running an environment died (actors.env_actor); its episode must start over."""
+
+
 class Expert(Protocol):
     """A scripted policy for the current episode of one environment (demonstrations, the oracle
     teacher, baselines). It can advise an agent that does not follow it: it is told every call
