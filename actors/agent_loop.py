@@ -267,8 +267,22 @@ class ModelPolicy:
         return responses
 
 
+class Pending:
+    """An environment call in flight: `wait()` returns its result, `ready()` says whether it is in."""
+
+    def __init__(self, wait: Callable[[], Any], ready: Callable[[], bool] = lambda: True) -> None:
+        self.wait, self.ready = wait, ready
+
+
 class EpisodeRunner:
-    """Episodes in flight over a fixed set of environment slots, advanced one batched round at a time."""
+    """Episodes in flight over a fixed set of environment slots, advanced one batched round at a time.
+
+    A round generates for every episode whose environment has answered, then submits their calls.
+    In-process environments answer at once, so every running episode takes part in every round.
+    Environments in their own processes (actors.env_actor) answer later: an episode whose step
+    (or game load) is still running sits the round out instead of holding the batch back, and
+    a round waits only when no episode is ready at all.
+    """
 
     def __init__(self, make_env: Callable[[], TextEnv], num_slots: int, config: LoopConfig) -> None:
         if num_slots < 1:
@@ -278,6 +292,11 @@ class EpisodeRunner:
         self._parsers = [ToolCallParser(env.tools, config.parser_mode) for env in self._envs]
         self._free = list(range(num_slots))[::-1]
         self.running: list[EpisodeState] = []
+        self._starting: list[tuple[int, EpisodeTask, Any, Pending]] = []
+        """Episodes whose environment reset was submitted: (slot, task, tag, the reset)."""
+        self._acting: dict[int, tuple[Response, Any, Pending]] = {}
+        """Slot -> (response, parsed, the environment step in flight) of episodes awaiting their environment."""
+        self._finished: list[tuple[Any, EpisodeResult]] = []
         self.num_env_restarts = 0
         """Episodes started over because their environment's process died."""
         self._context = PrivilegedContext(config.privileged) if config.privileged.enabled else None
@@ -288,24 +307,23 @@ class EpisodeRunner:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def num_active(self) -> int:
+        """Episodes starting or running."""
+        return len(self.running) + len(self._starting)
+
     def start(self, task: EpisodeTask, tag: Any = None) -> None:
         """Reset a free environment for `task`; `tag` comes back with the result."""
         self.start_many([(task, tag)])
 
     def start_many(self, tasks: list[tuple[EpisodeTask, Any]]) -> None:
-        """Reset a free environment for each (task, tag); environments in their own processes
-        (actors.env_actor) load their games concurrently."""
+        """Reset a free environment for each (task, tag); each episode joins once its reset is in."""
         if len(tasks) > len(self._free):
             raise RuntimeError(f"{len(tasks)} tasks for {len(self._free)} free environment slots")
-        slots = [self._free.pop() for _ in tasks]
-        pending = [_submit(self._envs[slot], "reset", task.seed, task.split) for slot, (task, _) in zip(slots, tasks)]
-        for slot, (task, tag), resolve in zip(slots, tasks, pending):
-            try:
-                reset = resolve()
-            except EnvCrashed:
-                self.num_env_restarts += 1
-                reset = _reset_until_up(self._envs[slot], task)
-            self.running.append(self._episode(slot, task, tag, reset))
+        for task, tag in tasks:
+            slot = self._free.pop()
+            self._starting.append((slot, task, tag, _submit(self._envs[slot], "reset", task.seed, task.split)))
+        self._collect(block=False)
 
     def _episode(self, slot: int, task: EpisodeTask, tag: Any, reset: EnvReset) -> EpisodeState:
         env = self._envs[slot]
@@ -314,31 +332,74 @@ class EpisodeRunner:
         ep.stage = _next_stage(ep, self.config)
         return ep
 
-    def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
-        """One round: every running episode gets one response; returns (tag, result) of those that finished."""
-        if not self.running:
-            return []
-        responses = policy.respond(self.running)
-        # Every environment step of the round is submitted before any is awaited: environments
-        # in their own processes step concurrently.
-        acted = [_act(ep, self._parsers[ep.slot], response) for ep, response in zip(self.running, responses)]
-        finished, still = [], []
-        for ep, response, (parsed, resolve) in zip(self.running, responses, acted):
+    def _restart(self, slot: int, task: EpisodeTask, tag: Any) -> EpisodeState:
+        """Its environment's process died: the episode starts over in the restarted one (it was
+        not delivered yet, so it is neither lost nor recorded twice)."""
+        self.num_env_restarts += 1
+        return self._episode(slot, task, tag, _reset_until_up(self._envs[slot], task))
+
+    def _collect(self, block: bool) -> None:
+        """Take in every environment answer that is in (with `block`, wait for the oldest first
+        when none is): advance those episodes, join the started ones."""
+        if block and not any(p.ready() for *_, p in self._starting) and \
+                not any(p.ready() for _, _, p in self._acting.values()):
+            oldest = next(iter(self._acting.values()), None)
             try:
-                step = resolve()
+                (oldest[2] if oldest is not None else self._starting[0][3]).wait()
             except EnvCrashed:
-                # Its process died mid-episode: the episode starts over in the restarted one (nothing
-                # of it was delivered yet, so it is neither lost nor recorded twice).
-                self.num_env_restarts += 1
-                still.append(self._episode(ep.slot, ep.task, ep.tag, _reset_until_up(ep.env, ep.task)))
+                pass  # taken in below, with the episode it belongs to
+        still = []
+        for ep in self.running:
+            acting = self._acting.get(ep.slot)
+            if acting is None or not acting[2].ready():
+                still.append(ep)
+                continue
+            response, parsed, pending = self._acting.pop(ep.slot)
+            try:
+                step = pending.wait()
+            except EnvCrashed:
+                still.append(self._restart(ep.slot, ep.task, ep.tag))
                 continue
             _advance(ep, response, parsed, step, ep.task.max_turns or self.config.max_turns, self.config)
             if ep.done:
-                finished.append((ep.tag, _finish(ep, self.config.rewards)))
+                self._finished.append((ep.tag, _finish(ep, self.config.rewards)))
                 self._free.append(ep.slot)
             else:
                 still.append(ep)
-        self.running = still
+        starting = []
+        for slot, task, tag, pending in self._starting:
+            if not pending.ready():
+                starting.append((slot, task, tag, pending))
+                continue
+            try:
+                still.append(self._episode(slot, task, tag, pending.wait()))
+            except EnvCrashed:
+                still.append(self._restart(slot, task, tag))
+        self.running, self._starting = still, starting
+
+    def step(self, policy: Policy) -> list[tuple[Any, EpisodeResult]]:
+        """One round: every episode whose environment has answered gets one response; returns
+        (tag, result) of the episodes that finished since the last call."""
+        self._collect(block=False)
+        ready = [ep for ep in self.running if ep.slot not in self._acting]
+        if not ready and (self._acting or self._starting):
+            self._collect(block=True)
+            ready = [ep for ep in self.running if ep.slot not in self._acting]
+        if ready:
+            try:
+                responses = policy.respond(ready)
+            except EnvCrashed:  # a policy that asks the environment (the expert) found one dead
+                dead = {ep.slot for ep in ready if not _alive(ep.env)}
+                self.running = [self._restart(ep.slot, ep.task, ep.tag) if ep.slot in dead else ep
+                                for ep in self.running]
+                finished, self._finished = self._finished, []
+                return finished
+            # Every environment call of the round is submitted before any is awaited.
+            for ep, response in zip(ready, responses):
+                parsed, pending = _act(ep, self._parsers[ep.slot], response)
+                self._acting[ep.slot] = (response, parsed, pending)
+            self._collect(block=False)
+        finished, self._finished = self._finished, []
         return finished
 
 
@@ -354,7 +415,7 @@ def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], poli
     pending = list(enumerate(tasks))[::-1]
     results: list[EpisodeResult | None] = [None] * len(tasks)
     with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
-        while pending or runner.running:
+        while pending or runner.num_active:
             runner.start_many([(task, index) for index, task in
                                (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
             for index, result in runner.step(policy):
@@ -373,13 +434,20 @@ def memory_well_formed(text: str) -> bool:
     return bool(text.strip()) and CALL_OPEN not in text
 
 
-def _submit(env: TextEnv, method: str, *args) -> Callable[[], Any]:
-    """`env.<method>(*args)`, started now; the returned function waits for its result."""
+def _submit(env: TextEnv, method: str, *args) -> Pending:
+    """`env.<method>(*args)`, started now (an environment with `submit_<method>` runs it elsewhere)."""
     submit = getattr(env, f"submit_{method}", None)
     if submit is not None:
         return submit(*args)
     value = getattr(env, method)(*args)
-    return lambda: value
+    return Pending(lambda: value)
+
+
+def _alive(env: TextEnv) -> bool:
+    """False when the process that holds the environment's episode is gone (in-process
+    environments always live)."""
+    lost = getattr(env, "episode_lost", None)
+    return lost is None or not lost()
 
 
 def _reset_until_up(env: TextEnv, task: EpisodeTask, attempts: int = 60, wait_s: float = 1.0) -> EnvReset:
@@ -397,12 +465,12 @@ def _reset_until_up(env: TextEnv, task: EpisodeTask, attempts: int = 60, wait_s:
 
 
 def _act(ep: EpisodeState, parser: ToolCallParser, response: Response):
-    """(parsed response, function that waits for the environment's step or returns None)."""
+    """(parsed response, the environment's step in flight: its result is None when nothing acted)."""
     if response.finish_reason == "context" or ep.stage == "memory":
-        return None, lambda: None
+        return None, Pending(lambda: None)
     parsed = parser.parse(response.text)
     if parsed.call is None:
-        return parsed, lambda: None
+        return parsed, Pending(lambda: None)
     return parsed, _submit(ep.env, "step", parsed.call)
 
 

@@ -1,13 +1,13 @@
 """Environments in their own processes: a Ray actor per environment, behind the `TextEnv` seam.
 
 ALFWorld's TextWorld generates text in pure Python (about 9 steps/s per core, 1-3 s per game
-load): in-process, a round's K environment steps run one after another between two generations.
-With `rollout.env_actors: true` each of a worker's K environment slots is an actor, and the
-episode runner submits every step (and every reset) of a round before it waits for any, so they
-run concurrently, one process each:
+load): in-process, a round's K environment steps (and game loads) run one after another between
+two generations. With `rollout.env_actors: true` each of a worker's K environment slots is an
+actor; the episode runner submits a round's calls before it waits for any, and an episode whose
+environment has not answered sits the next round out instead of holding the batch back:
 
-    worker:  generate(K prompts) ──► submit K steps ──► wait all ──► generate(K prompts) ...
-    actors:                          [env 0] [env 1] ... [env K-1]   (one process each)
+    worker:  generate(ready episodes) ─► submit their steps ─► take in the answers that are in ─► generate ...
+    actors:  [env 0: step] [env 1: loading a game ......] [env 2: step] ...   (one process each)
 
 A crashed environment actor is restarted by Ray (`rollout.env_max_restarts`); the call that saw
 it die raises `EnvCrashed`, and the runner starts that episode over from its reset in the new
@@ -17,8 +17,9 @@ process (an episode is delivered only when it finishes, so it is neither lost no
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
+from actors.agent_loop import Pending
 from envs.protocol import EnvCrashed, EnvReset, EnvStep, Expert, ToolCall
 from envs.registry import EnvConfig
 
@@ -36,14 +37,22 @@ class _EnvActor:
     def split_size(self, split: str) -> int | None:
         return self.env.split_size(split)
 
-    def reset(self, seed: int, split: str) -> EnvReset:
+    def reset(self, seed: int, split: str) -> tuple[EnvReset, int]:
+        """The reset and this process's pid: later calls name it, so a call that reaches a
+        restarted process (which never saw the episode) fails as a crash."""
         self._expert = None
-        return self.env.reset(seed, split)
+        return self.env.reset(seed, split), os.getpid()
 
-    def step(self, call: ToolCall) -> EnvStep:
+    def _check(self, pid: int) -> None:
+        if pid != os.getpid():
+            raise EnvCrashed(f"the episode's environment process {pid} was restarted as {os.getpid()}")
+
+    def step(self, call: ToolCall, pid: int) -> EnvStep:
+        self._check(pid)
         return self.env.step(call)
 
-    def expert_act(self, executed: ToolCall | None) -> ToolCall | None:
+    def expert_act(self, executed: ToolCall | None, pid: int) -> ToolCall | None:
+        self._check(pid)
         if self._expert is None:
             self._expert = self.env.expert()
             if self._expert is None:
@@ -56,7 +65,7 @@ class _EnvActor:
 
 class RemoteEnv:
     """A `TextEnv` whose environment lives in its own actor; `submit_reset`/`submit_step` start a
-    call and return a function that waits for it (the episode runner's concurrency)."""
+    call and return it in flight (`Pending`), so the episode runner can go on without it."""
 
     def __init__(self, config: EnvConfig, num_cpus: float = 0.0, max_restarts: int = 3) -> None:
         import ray
@@ -64,6 +73,8 @@ class RemoteEnv:
         self.actor = ray.remote(_EnvActor).options(num_cpus=num_cpus, max_restarts=max_restarts,
                                                    max_task_retries=0).remote(config)
         self.system_prompt, self.splits, self.task_types, self.tools = self._get(self.actor.describe.remote())
+        self._pid = -1
+        """The process of the episode's reset (calls to another process fail as a crash)."""
 
     @staticmethod
     def _get(ref):
@@ -73,31 +84,50 @@ class RemoteEnv:
             return ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise EnvCrashed(f"the environment actor died: {exc}") from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, EnvCrashed):
+                raise exc.cause from None
+            raise
 
-    def _submit(self, method: str, *args) -> Callable[[], Any]:
+    def _submit(self, method: str, *args) -> Pending:
+        import ray
+
         ref = getattr(self.actor, method).remote(*args)
-        return lambda: self._get(ref)
+        return Pending(lambda: self._get(ref), lambda: bool(ray.wait([ref], timeout=0)[0]))
 
     def split_size(self, split: str) -> int | None:
         return self._get(self.actor.split_size.remote(split))
 
     def reset(self, seed: int, split: str) -> EnvReset:
-        return self.submit_reset(seed, split)()
+        return self.submit_reset(seed, split).wait()
 
-    def submit_reset(self, seed: int, split: str) -> Callable[[], EnvReset]:
-        return self._submit("reset", seed, split)
+    def submit_reset(self, seed: int, split: str) -> Pending:
+        pending = self._submit("reset", seed, split)
+
+        def wait() -> EnvReset:
+            reset, self._pid = pending.wait()
+            return reset
+
+        return Pending(wait, pending.ready)
 
     def step(self, call: ToolCall) -> EnvStep:
-        return self.submit_step(call)()
+        return self.submit_step(call).wait()
 
-    def submit_step(self, call: ToolCall) -> Callable[[], EnvStep]:
-        return self._submit("step", call)
+    def submit_step(self, call: ToolCall) -> Pending:
+        return self._submit("step", call, self._pid)
 
     def expert(self) -> Expert:
         return _RemoteExpert(self)
 
     def pid(self) -> int:
         return self._get(self.actor.pid.remote())
+
+    def episode_lost(self) -> bool:
+        """Whether the process that reset the running episode is gone (dead or restarted)."""
+        try:
+            return self.pid() != self._pid
+        except EnvCrashed:
+            return True
 
     def close(self) -> None:
         import ray
@@ -112,4 +142,4 @@ class _RemoteExpert:
         self.env = env
 
     def act(self, executed: ToolCall | None) -> ToolCall | None:
-        return self.env._get(self.env.actor.expert_act.remote(executed))
+        return self.env._get(self.env.actor.expert_act.remote(executed, self.env._pid))

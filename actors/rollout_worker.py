@@ -259,7 +259,7 @@ class RolloutWorker:
                 groups[lease.group_id] = []
                 in_flight += 1
                 runner.start_many([(task, lease.group_id) for task in self._tasks(lease, start_version)])
-            if not runner.running:
+            if not runner.num_active:
                 await asyncio.sleep(self.config.admission_backoff_s)
                 continue
             # After admission: weights published while it was asked are in place before the
@@ -328,7 +328,7 @@ class RolloutWorker:
         pending = [EpisodeTask(split, s) for s in seeds][::-1]
         rows = []
         loop = asyncio.get_running_loop()
-        while pending or runner.running:
+        while pending or runner.num_active:
             runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
             async with self._engine_lock:
                 finished = await loop.run_in_executor(None, runner.step, greedy)

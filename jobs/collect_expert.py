@@ -114,7 +114,7 @@ def collect_from_model(config: CollectExpertConfig, on_task=None) -> list[dict]:
     attempts: dict[int, list] = {seed: [] for seed in seeds}
     runner = EpisodeRunner(lambda: make_env(config.env), config.batch_size, loop)
     try:
-        while pending or runner.running:
+        while pending or runner.num_active:
             while pending and runner.num_free:
                 task = pending.pop()
                 runner.start(task, tag=task.seed)

@@ -17,6 +17,7 @@ admissible commands), never an exception. Success is the game's own `won`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -136,6 +137,20 @@ def playable_game(trial: Path, cache: Path) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _expert_random(rng: random.Random):
+    """The package's hand-coded expert draws from the module-global `random` (its exploration
+    order); each environment lends it its own generator, seeded by the task, so an episode (and an
+    expert's advice in a replay) is the same whichever environments share the process."""
+    from alfworld.agents.expert import handcoded_expert
+
+    saved, handcoded_expert.random = handcoded_expert.random, rng
+    try:
+        yield
+    finally:
+        handcoded_expert.random = saved
+
+
 class AlfWorldEnv:
     """One ALFWorld game at a time (TextWorld, with the package's hand-coded expert attached)."""
 
@@ -148,6 +163,7 @@ class AlfWorldEnv:
         default_cache = Path(os.environ.get("APPRENTICE_CACHE", Path.home() / ".cache" / "apprentice")) / "alfworld"
         self.cache = Path(self.config.cache_dir).expanduser() if self.config.cache_dir else default_cache
         self._env = None
+        self._rng = random.Random()
         self._state: Any = None
         self._info: TaskInfo | None = None
         self._steps = 0
@@ -183,7 +199,9 @@ class AlfWorldEnv:
         infos = textworld.EnvInfos(won=True, admissible_commands=True, feedback=True, extras=["gamefile", "expert_plan"])
         self._env = textworld.start(str(playable_game(trial, self.cache)), request_infos=infos,
                                     wrappers=[AlfredDemangler, AlfredInfos, AlfredExpert])
-        self._state = self._env.reset()
+        self._rng = random.Random(f"{split}:{seed}")
+        with _expert_random(self._rng):
+            self._state = self._env.reset()
         self._steps, self._done = 0, False
         self._info = TaskInfo(split=split, seed=seed, task_type=task_type, max_steps=self.config.max_steps)
         intro, _, task = self._state.feedback.partition("Your task is to: ")
@@ -202,7 +220,8 @@ class AlfWorldEnv:
         command = " ".join(str(call.arguments.get("command", "")).split())
         self._steps += 1
         if command in self._state["admissible_commands"]:
-            self._state, _, _ = self._env.step(command)
+            with _expert_random(self._rng):  # the expert's next plan is computed inside the step
+                self._state, _, _ = self._env.step(command)
             feedback = self._state.feedback.strip()
         else:
             feedback = f"Not admissible here: {command!r}. Run one of the admissible commands."

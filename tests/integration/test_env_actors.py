@@ -43,7 +43,7 @@ def test_a_killed_env_actor_is_restarted_and_its_episode_rerun_once(ray_session)
     policy = KillingExpert(envs[0], at_round=3)
     pending = [EpisodeTask("train", s) for s in range(4)][::-1]
     results = []
-    while pending or runner.running:
+    while pending or runner.num_active:
         runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
         results.extend(result for _, result in runner.step(policy))
     assert runner.num_env_restarts == 1 and envs[0].pid() != first_pid
