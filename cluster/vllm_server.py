@@ -45,6 +45,9 @@ class ServerConfig(BaseModel):
     """On CPU, `--gpu-memory-utilization` is the share of host memory vLLM reserves."""
     cpu_kv_cache_gib: int = Field(default=1, ge=1)
     startup_timeout_s: float = Field(default=300.0, gt=0)
+    api_key_env: str | None = None
+    """Environment variable holding the API key the server then requires (given to vLLM as
+    VLLM_API_KEY, never on its command line); None: no key."""
 
 
 def _die_with_parent() -> None:
@@ -66,6 +69,10 @@ class VLLMServer:
                 "--host", config.host, "--port", str(self.port), "--max-model-len", str(config.max_model_len),
                 "--max-logprobs", str(config.max_logprobs), "--disable-uvicorn-access-log"]
         env = dict(os.environ)
+        if config.api_key_env is not None:
+            if not os.environ.get(config.api_key_env):
+                raise ValueError(f"api_key_env: the environment variable {config.api_key_env} is not set")
+            env["VLLM_API_KEY"] = os.environ[config.api_key_env]
         if not torch.cuda.is_available():
             args += ["--dtype", "float32", "--enforce-eager", "--no-enable-chunked-prefill",
                      "--max-num-batched-tokens", str(config.max_model_len),

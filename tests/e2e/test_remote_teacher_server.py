@@ -7,6 +7,7 @@ The tests share one server and run in file order: the last one kills it.
 """
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -22,11 +23,14 @@ from tests.e2e.test_train_job import ROOT, SHORT, job_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 NANO = ModelConfig(path="tiny:nano")
+KEY = "APPRENTICE_TEST_SERVER_KEY"
+"""The server requires the key in this variable; every client here sends it (jobs inherit it)."""
 
 
 @pytest.fixture(scope="module")
 def server():
-    with VLLMServer(ServerConfig(model=NANO, max_model_len=2048)) as running:
+    os.environ[KEY] = "test-key-4b1d"
+    with VLLMServer(ServerConfig(model=NANO, max_model_len=2048, api_key_env=KEY)) as running:
         yield running
 
 
@@ -45,7 +49,7 @@ def test_remote_logprobs_match_the_in_process_vllm_backend(server):
 
     tokenizer = load_tokenizer(NANO)
     batch = requests(tokenizer, 6)
-    remote = RemoteTeacherBackend(RemoteConfig(url=server.url), tokenizer)
+    remote = RemoteTeacherBackend(RemoteConfig(url=server.url, api_key_env=KEY), tokenizer)
     local_engine = VLLMEngine(server.model_dir, VLLMConfig(max_model_len=2048),
                               [tokenizer.convert_tokens_to_ids("<|im_end|>")])
     try:
@@ -68,7 +72,7 @@ def test_a_short_opd_run_scores_through_the_remote_teacher(server, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=3",
                            "run.eval_every=0", f"run.metrics_port={free_port()}", "teacher.backend=remote",
-                           f"teacher.remote.url={server.url}"], cwd=ROOT, env=job_env(), capture_output=True,
+                           f"teacher.remote.url={server.url}", f"teacher.remote.api_key_env={KEY}"], cwd=ROOT, env=job_env(), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step    3" in proc.stdout
@@ -99,7 +103,19 @@ def judge_config(server):
 
     # The served name is the model directory (vLLM's default); short answers keep the nano model quick.
     return JudgeConfig(backend="http", http=HttpJudgeConfig(base_url=server.url, model=str(server.model_dir),
-                                                            max_retries=1, backoff_s=0.05, max_tokens=24))
+                                                            api_key_env=KEY, max_retries=1, backoff_s=0.05,
+                                                            max_tokens=24))
+
+
+def test_a_judge_with_a_wrong_api_key_fails_before_any_actor_starts(server, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_tiny.yaml",
+                           "model.path=tiny:nano", f"run.dir={tmp_path / 'run'}", "judge.backend=http",
+                           f"judge.http.base_url={server.url}", f"judge.http.model={server.model_dir}",
+                           "judge.http.api_key_env=WRONG_JUDGE_KEY"], cwd=ROOT,
+                          env={**job_env(), "WRONG_JUDGE_KEY": "not-the-key"}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "refused the API key" in proc.stderr and "Traceback" not in proc.stderr
+    assert "ray namespace" not in proc.stdout  # stopped before connecting to Ray
 
 
 def test_the_judge_scores_turns_through_the_served_chat_api(server):
@@ -137,7 +153,8 @@ def test_a_server_killed_while_scoring_fails_every_waiting_caller(server):
     from teacher.service import ModelTeacher, TeacherConfig, TeacherService
 
     tokenizer = load_tokenizer(NANO)
-    backend = RemoteTeacherBackend(RemoteConfig(url=server.url, max_retries=2, timeout_s=10), tokenizer)
+    backend = RemoteTeacherBackend(RemoteConfig(url=server.url, api_key_env=KEY, max_retries=2, timeout_s=10),
+                                   tokenizer)
     service = TeacherService(TeacherConfig(backend="remote"), ModelTeacher(backend))
     trajectories = trajectories_of(requests(tokenizer, 4))
     config = judge_config(server)
