@@ -454,14 +454,12 @@ def _reset_until_up(env: TextEnv, task: EpisodeTask, attempts: int = 60, wait_s:
     """Reset `task` in an environment whose process is being restarted."""
     import time
 
-    for attempt in range(attempts):
+    for _ in range(attempts - 1):
         try:
             return env.reset(seed=task.seed, split=task.split)
         except EnvCrashed:
-            if attempt == attempts - 1:
-                raise
             time.sleep(wait_s)
-    raise AssertionError("unreachable")
+    return env.reset(seed=task.seed, split=task.split)
 
 
 def _act(ep: EpisodeState, parser: ToolCallParser, response: Response):

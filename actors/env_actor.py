@@ -129,11 +129,6 @@ class RemoteEnv:
         except EnvCrashed:
             return True
 
-    def close(self) -> None:
-        import ray
-
-        ray.kill(self.actor, no_restart=True)
-
 
 class _RemoteExpert:
     """The expert of the episode running in the actor (it lives there, next to its environment)."""

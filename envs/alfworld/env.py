@@ -31,6 +31,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
+from learner.tiny import default_cache_dir
 
 TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
               "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
@@ -94,7 +95,8 @@ def split_games(root: Path, split: str, task_types: tuple[str, ...]) -> tuple[tu
     base = root / "json_2.1.1" / split
     for traj in sorted(base.glob("*/*/traj_data.json")):
         trial = traj.parent
-        if "movable" in str(trial.relative_to(base)) or "Sliced" in str(trial.relative_to(base)):
+        where = str(trial.relative_to(base))
+        if "movable" in where or "Sliced" in where:
             continue
         game = trial / "game.tw-pddl"
         if not game.is_file():
@@ -106,15 +108,18 @@ def split_games(root: Path, split: str, task_types: tuple[str, ...]) -> tuple[tu
     return tuple(games)
 
 
+@functools.lru_cache(maxsize=1)
 def _package_logic() -> tuple[str, str]:
     from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
 
     return Path(ALFRED_PDDL_PATH).read_text(), Path(ALFRED_TWL2_PATH).read_text()
 
 
+@functools.lru_cache(maxsize=None)
 def playable_game(trial: Path, cache: Path) -> Path:
     """The game file to load: the original when it was built with the package's domain,
-    otherwise a copy rebuilt with the package's domain and grammar (written once, atomically)."""
+    otherwise a copy rebuilt with the package's domain and grammar (written once, atomically).
+    Remembered per process: a reset reads no game file twice."""
     original = trial / "game.tw-pddl"
     domain, grammar = _package_logic()
     data = json.loads(original.read_text())
@@ -160,12 +165,11 @@ class AlfWorldEnv:
         self.config = config or AlfWorldConfig()
         self.root = self.config.root()
         self.splits = tuple(s for s in SPLITS if (self.root / "json_2.1.1" / s).is_dir())
-        default_cache = Path(os.environ.get("APPRENTICE_CACHE", Path.home() / ".cache" / "apprentice")) / "alfworld"
-        self.cache = Path(self.config.cache_dir).expanduser() if self.config.cache_dir else default_cache
+        self.cache = (Path(self.config.cache_dir).expanduser() if self.config.cache_dir
+                      else default_cache_dir() / "alfworld")
         self._env = None
         self._rng = random.Random()
         self._state: Any = None
-        self._info: TaskInfo | None = None
         self._steps = 0
         self._done = True
 
@@ -203,10 +207,10 @@ class AlfWorldEnv:
         with _expert_random(self._rng):
             self._state = self._env.reset()
         self._steps, self._done = 0, False
-        self._info = TaskInfo(split=split, seed=seed, task_type=task_type, max_steps=self.config.max_steps)
+        info = TaskInfo(split=split, seed=seed, task_type=task_type, max_steps=self.config.max_steps)
         intro, _, task = self._state.feedback.partition("Your task is to: ")
         intro = intro.replace("-= Welcome to TextWorld, ALFRED! =-", "").strip()
-        return EnvReset(task=task.strip().rstrip("."), observation=self._observation(intro), info=self._info)
+        return EnvReset(task=task.strip().rstrip("."), observation=self._observation(intro), info=info)
 
     @property
     def admissible(self) -> list[str]:
