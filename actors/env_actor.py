@@ -67,11 +67,13 @@ class RemoteEnv:
     """A `TextEnv` whose environment lives in its own actor; `submit_reset`/`submit_step` start a
     call and return it in flight (`Pending`), so the episode runner can go on without it."""
 
-    def __init__(self, config: EnvConfig, num_cpus: float = 0.0, max_restarts: int = 3) -> None:
+    def __init__(self, config: EnvConfig, num_cpus: float = 0.0, max_restarts: int = 3,
+                 scheduling_strategy: Any = "DEFAULT") -> None:
+        """`scheduling_strategy`: the plan's bundle for this actor (cluster.plan, role `env`)."""
         import ray
 
-        self.actor = ray.remote(_EnvActor).options(num_cpus=num_cpus, max_restarts=max_restarts,
-                                                   max_task_retries=0).remote(config)
+        self.actor = ray.remote(_EnvActor).options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0,
+                                                   scheduling_strategy=scheduling_strategy).remote(config)
         self.system_prompt, self.splits, self.task_types, self.tools = self._get(self.actor.describe.remote())
         self._pid = -1
         """The process of the episode's reset (calls to another process fail as a crash)."""

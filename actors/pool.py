@@ -34,9 +34,12 @@ class RolloutPool:
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
                  algorithm=None, teacher_retired: bool = False, named: bool = False,
-                 routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None) -> None:
+                 routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None,
+                 env_placement: tuple[float, list] | None = None) -> None:
         """`env`, `algorithm`, `teacher_retired` and `judge`: see `RolloutWorker`; `named`: worker i is
-        the named actor `worker-<i>` (in the job's namespace)."""
+        the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
+        environment actor, the plan's strategies for them: 2 x num_envs per worker, in worker
+        order). Workers added later (a retired teacher's bundles) run theirs unreserved."""
         import ray
 
         if num_workers < 1:
@@ -51,14 +54,18 @@ class RolloutPool:
         self._routed = (dict(routed_teachers or {}), tuple(routes))
         self._judge = judge
         self.workers = []
+        per_worker = 2 * config.num_envs
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
+            envs = None if env_placement is None else \
+                (env_placement[0], env_placement[1][i * per_worker:(i + 1) * per_worker])
             self.workers.append(self._new_worker(i, num_cpus, num_gpus, None if placement is None else placement[i],
-                                                 teacher, (0, num_workers, i), teacher_retired))
+                                                 teacher, (0, num_workers, i), teacher_retired, envs))
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
         self._start_version = 0
         self._started = False
+        self._stopping = False
         self.num_failed_runs = 0
         self._failures: dict[int, int] = {}
         """Failed runs per worker index (reset when a run returns); Ray restarts an actor at most max_restarts times."""
@@ -71,7 +78,7 @@ class RolloutPool:
         """Workers that left the pool: index -> the error that ended them."""
 
     def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int],
-                    teacher_retired: bool = False):
+                    teacher_retired: bool = False, env_placement: tuple[float, list] | None = None):
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
                                    "max_task_retries": 0, "max_concurrency": 8}
         if self.named:
@@ -82,7 +89,7 @@ class RolloutPool:
         routed, routes = self._routed if not teacher_retired else ({}, ())
         return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
                                                      self._env, self._algorithm, teacher_retired, routed, routes,
-                                                     self._judge)
+                                                     self._judge, env_placement)
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
         """Start `count` more workers (into the bundles a retired teacher left), without its scoring stage,
@@ -106,14 +113,17 @@ class RolloutPool:
         self._max_groups = max_groups_per_worker
         self._start_version = start_version
         self._started = True
+        self._stopping = False
         self._runs = {i: self._run(i) for i in range(len(self.workers))}
 
     def _run(self, index: int):
         """Call the worker's `run` with the latest published weights: a restarted incarnation
         loads them before its first round even if an `update_weights` sent while it was
         restarting was lost (it would otherwise roll out stale groups the buffer drops)."""
-        weights = None if self._weights is None else ([self._weights[0]], self._weights[1])
-        return self.workers[index].run.remote(self._max_groups, self._start_version, weights)
+        return self.workers[index].run.remote(self._max_groups, self._start_version, self._latest_weights())
+
+    def _latest_weights(self) -> tuple[list, int] | None:
+        return None if self._weights is None else ([self._weights[0]], self._weights[1])
 
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Restart the runs of workers that died; True when every run has finished."""
@@ -131,8 +141,11 @@ class RolloutPool:
                 self._failures.pop(index, None)
             except ray.exceptions.ActorUnavailableError as exc:
                 if index in self._restarting:  # the restart of a failure already counted: ask again soon
-                    time.sleep(0.2)
-                    self._runs[index] = self._run(index)
+                    if self._stopping:
+                        del self._runs[index]
+                    else:
+                        time.sleep(0.2)
+                        self._runs[index] = self._run(index)
                 else:  # the process died under the call and Ray is restarting it
                     self._failed(index, exc)
             except ray.exceptions.RayActorError as exc:
@@ -175,6 +188,9 @@ class RolloutPool:
 
         self.num_failed_runs += 1
         self._failures[index] = self._failures.get(index, 0) + 1
+        if self._stopping:  # Ray restarts the actor; its run is over
+            del self._runs[index]
+            return
         if self._failures[index] <= self.max_restarts:
             self._runs[index] = self._run(index)
             self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
@@ -205,6 +221,9 @@ class RolloutPool:
         self._gather({i: self.workers[i].update_weights.remote([ref], version) for i in self.active})
 
     def stop(self) -> None:
+        """Every run ends after its current round; a run that fails from now on is not restarted
+        (a restarted incarnation never saw the stop and would roll out until the wait times out)."""
+        self._stopping = True
         self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
     def group_totals(self) -> dict[str, int]:
@@ -221,21 +240,29 @@ class RolloutPool:
         answer and its death are lost."""
         return list(self._gather({i: self.workers[i].stats.remote() for i in self.active}).values())
 
-    def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
-        """Greedy evaluation, seeds spread over the workers; a worker that dies mid-eval has its
-        share re-run by the next worker that answers."""
+    def evaluate(self, split: str, seeds: list[int], timeout_s: float = 600.0) -> list[dict[str, Any]]:
+        """Greedy evaluation with the latest published weights, seeds spread over the workers; a
+        worker that dies mid-eval has its share re-run by the next worker that answers."""
         pending = {i: seeds[k::len(self.active)] for k, i in enumerate(self.active)}
         rows: list[dict[str, Any]] = []
-        for _ in range(self.max_restarts + 1):
-            parts = self._gather({i: self.workers[i].evaluate.remote(split, part) for i, part in pending.items()})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            parts = self._gather({i: self.workers[i].evaluate.remote(split, part, self._latest_weights())
+                                  for i, part in pending.items()})
             rows.extend(row for part in parts.values() for row in part)
             failed = [seed for i, part in pending.items() if i not in parts for seed in part]
             if not failed:
-                break
-            pending = {self.active[0]: failed}
-        else:
-            raise RuntimeError(f"evaluation failed on every try: {len(failed)} tasks could not be run")
-        return sorted(rows, key=lambda row: row["seed"])
+                return sorted(rows, key=lambda row: row["seed"])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"evaluation did not finish within {timeout_s} s: {len(failed)} tasks could "
+                                   f"not be run (workers dead or restarting)")
+            # The workers that just answered are alive; a restarting one fails calls at once, so
+            # with none alive wait for the restarts rather than spend the tries.
+            alive = [i for i in pending if i in parts]
+            if not alive:
+                time.sleep(1.0)
+                alive = self.active
+            pending = {i: failed[k::len(alive)] for k, i in enumerate(alive) if failed[k::len(alive)]}
 
     def _gather(self, refs: dict[int, Any]) -> dict[int, Any]:
         """Results of calls fanned out to workers; a worker that died or is restarting is left out."""

@@ -64,8 +64,6 @@ class RolloutConfig(BaseModel):
     env_actors: bool = False
     """Each environment slot in its own actor process, stepped concurrently (actors/env_actor.py):
     for slow environments (ALFWorld); BabyAI is fast enough in-process."""
-    env_actor_cpus: float = Field(default=0.0, ge=0)
-    """CPUs each environment actor reserves."""
     env_max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed environment actor (its episode starts over each time)."""
 
@@ -95,13 +93,15 @@ class RolloutWorker:
     def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
                  teacher_retired: bool = False, routed_teachers: dict[str, Any] | None = None,
-                 routes: tuple = (), judge=None) -> None:
+                 routes: tuple = (), judge=None, env_placement: tuple[float, list] | None = None) -> None:
         """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
         `env`: the job's environment (default: the default environment); `algorithm`: whose
         group-end stages run on each finished group (None: groups go to the buffer as played);
         `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out;
         `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
-        of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py)."""
+        of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py);
+        `env_placement`: (CPUs of each environment actor, a scheduling strategy for each of the
+        2 x num_envs: the rollout set's, then the evaluation set's), None: unreserved, 0 CPUs."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -133,6 +133,7 @@ class RolloutWorker:
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
         self._env_sets: dict[str, list] = {}
+        self._env_placement = env_placement or (0.0, ["DEFAULT"] * (2 * config.num_envs))
         self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
@@ -219,8 +220,10 @@ class RolloutWorker:
         from actors.env_actor import RemoteEnv
 
         if use not in self._env_sets:
-            self._env_sets[use] = [RemoteEnv(self.env_config, self.config.env_actor_cpus, self.config.env_max_restarts)
-                                   for _ in range(self.config.num_envs)]
+            num_cpus, strategies = self._env_placement
+            first = {"run": 0, "eval": self.config.num_envs}[use]
+            self._env_sets[use] = [RemoteEnv(self.env_config, num_cpus, self.config.env_max_restarts, strategy)
+                                   for strategy in strategies[first:first + self.config.num_envs]]
         envs = iter(self._env_sets[use])
         return lambda: next(envs)
 
@@ -318,9 +321,13 @@ class RolloutWorker:
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
         self._group_totals["num_groups_delivered"] += 1
 
-    async def evaluate(self, split: str, seeds: list[int]) -> list[dict[str, Any]]:
-        """Greedy episodes on a split, with the latest published weights; nothing goes to the buffer.
-        One row per episode."""
+    async def evaluate(self, split: str, seeds: list[int], weights: tuple[list, int] | None = None
+                       ) -> list[dict[str, Any]]:
+        """Greedy episodes on a split, with the latest published weights (`weights`, as for `run`:
+        a restarted incarnation never saw the `update_weights` sent before it died); nothing goes
+        to the buffer. One row per episode."""
+        if weights is not None:
+            await self.update_weights(*weights)
         await self._apply_weights()  # weights published while no `run` was applying them (warm start)
         greedy = ModelPolicy(self.engine, self.tokenizer, self.config.sampling.model_copy(update={"temperature": 0.0}),
                              self.config.loop)
@@ -332,6 +339,7 @@ class RolloutWorker:
             runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
             async with self._engine_lock:
                 finished = await loop.run_in_executor(None, runner.step, greedy)
+            self._stats["num_eval_episodes"] += len(finished)
             rows.extend({"seed": r.task.seed, "task_type": r.info.task_type, "success": r.success,
                          "num_turns": r.num_turns, "num_format_errors": r.num_format_errors,
                          "policy_version": self.engine.version} for _, r in finished)

@@ -1,7 +1,9 @@
 """Resource plans: how many rollout, teacher and learner actors, and what each needs.
 
 Presets: `cpu` fits the embedded 2-core default with fractional CPUs; `gpu-8` mirrors the
-seeds' 8-GPU split (4 rollout engines, 2 learner ranks, 2 teacher GPUs). A plan is checked
+seeds' 8-GPU split (4 rollout engines, 2 learner ranks, 2 teacher GPUs). Environment actors
+(`rollout.env_actors`, for slow environments such as ALFWorld) are a role of their own, so
+their CPUs are reserved with the rest instead of being taken from the engines'. A plan is checked
 against `ray.cluster_resources()` before any actor starts, and reserved as one placement
 group (a bundle per actor), so a plan that cannot fit fails fast with the numbers.
 """
@@ -11,6 +13,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+ROLES = ("rollout", "teacher", "learner", "judge", "env")
+"""In bundle order."""
 
 
 class RolePlan(BaseModel):
@@ -34,6 +40,11 @@ class ResourcePlan(BaseModel):
     learner: RolePlan = RolePlan(count=1, cpus=1.0)
     judge: RolePlan = RolePlan(count=0, cpus=0.0)
     """The judge service of turn_judge (at most one): a bundle where it serves its own judge model."""
+    env: RolePlan = RolePlan(count=0, cpus=0.0)
+    """Environment actors (rollout.env_actors), one bundle each: every rollout worker has a set of
+    rollout.num_envs for rollout and another for evaluations (which may run beside rollout), so
+    count is rollout.count x num_envs x 2 (the job config checks it); count 0 leaves them
+    unreserved (they then take no CPUs from the plan)."""
     rollout_tensor_parallel: int = Field(default=1, ge=1)
     """vLLM tensor parallelism of each rollout engine (GPU preset)."""
 
@@ -51,13 +62,13 @@ class ResourcePlan(BaseModel):
         return self
 
     def needs(self) -> dict[str, float]:
-        roles = (self.rollout, self.teacher, self.learner, self.judge)
+        roles = [getattr(self, name) for name in ROLES]
         return {"CPU": sum(r.count * r.cpus for r in roles), "GPU": sum(r.count * r.gpus for r in roles)}
 
     def bundles(self) -> list[dict[str, float]]:
         """One bundle per actor that needs resources (zero-resource actors need no reservation)."""
         out = []
-        for role in (self.rollout, self.teacher, self.learner, self.judge):
+        for role in (getattr(self, name) for name in ROLES):
             bundle = {k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}
             if bundle:
                 out += [bundle] * role.count
@@ -65,9 +76,9 @@ class ResourcePlan(BaseModel):
 
     def describe(self) -> str:
         lines = [f"resource plan ({self.preset}):"]
-        for name in ("rollout", "teacher", "learner", "judge"):
+        for name in ROLES:
             r: RolePlan = getattr(self, name)
-            if name == "judge" and r.count == 0:
+            if name in ("judge", "env") and r.count == 0:
                 continue
             lines.append(f"  {name:<8} {r.count} x ({r.cpus:g} CPU, {r.gpus:g} GPU)")
         need = self.needs()
@@ -103,7 +114,7 @@ def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
     if not group.wait(timeout_s):
         raise TimeoutError(f"could not reserve {bundles} within {timeout_s} s\n{plan.describe()}")
     strategies, index = {}, 0
-    for name in ("rollout", "teacher", "learner", "judge"):
+    for name in ROLES:
         role = getattr(plan, name)
         if role.cpus == 0 and role.gpus == 0:
             strategies[name] = ["DEFAULT"] * max(role.count, 1)

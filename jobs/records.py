@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
 """Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
 WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
-                   "num_prompt_tokens", "num_success_turns", "num_memory_turns", "num_memory_format_errors")
+                   "num_prompt_tokens", "num_success_turns", "num_memory_turns", "num_memory_format_errors",
+                   "num_env_restarts")
 """The rollout-worker counters the record is built from (every worker reports them as deltas)."""
 
 
@@ -41,6 +42,8 @@ class Counts:
     num_memory_turns: int = 0
     """Working-memory responses (the turns above are environment steps, their actions)."""
     num_memory_format_errors: int = 0
+    num_env_restarts: int = 0
+    """Episodes started over because their environment actor died (actors/env_actor.py)."""
     turns_by_index: tuple[int, ...] = ()
     """The student's turns at each turn index."""
     format_errors_by_index: tuple[int, ...] = ()
@@ -111,6 +114,8 @@ class StepRecord:
     duplicate_groups: int
     rollout_failed_runs: int
     teacher_restarts: int
+    env_restarts: int
+    """Episodes started over because their environment actor died (rollout.env_actors)."""
     judged_turns: int | None
     """Turns the judge scored so far (None without a judge)."""
     judge_neutral_turns: int | None
@@ -164,6 +169,7 @@ STEP_SCHEMA = pa.schema([
     ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
     ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
+    ("env_restarts", pa.int64()),
     ("judged_turns", pa.int64()), ("judge_neutral_turns", pa.int64()), ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("memory_turns", pa.int64()), ("memory_format_error_rate", pa.float64()), ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
     ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),
@@ -179,7 +185,8 @@ assert [f.name for f in fields(StepRecord)] == STEP_SCHEMA.names, "StepRecord an
 
 _TOTALS = {"episodes": "num_episodes", "successes": "num_successes", "turns": "num_turns",
            "format_errors": "num_format_errors", "rollout_tokens": "num_response_tokens",
-           "prompt_tokens": "num_prompt_tokens", "memory_turns": "num_memory_turns"}
+           "prompt_tokens": "num_prompt_tokens", "memory_turns": "num_memory_turns",
+           "env_restarts": "num_env_restarts"}
 _BUFFER_TOTALS = {"buffer_put": "num_put", "buffer_consumed": "num_consumed", "dropped_stale": "num_dropped_stale",
                   "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups"}
 BUFFER_COUNTERS = tuple(_BUFFER_TOTALS.values())

@@ -149,6 +149,15 @@ class JobConfig(BaseModel):
             # vLLM rejects a longer prompt with an error, which would fail the worker mid-run.
             raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
                              f"rollout.vllm.max_model_len ({rollout.vllm.max_model_len})")
+        env_plan, plan = self.cluster.plan.env, self.cluster.plan
+        if env_plan.count and not rollout.env_actors:
+            raise ValueError("cluster.plan.env reserves bundles for environment actors but rollout.env_actors is "
+                             "false: set rollout.env_actors=true, or cluster.plan.env.count=0")
+        expected = plan.rollout.count * rollout.num_envs * 2
+        if rollout.env_actors and env_plan.count not in (0, expected):
+            raise ValueError(f"cluster.plan.env.count must be {expected} (rollout workers {plan.rollout.count} x "
+                             f"rollout.num_envs {rollout.num_envs} x 2: a set for rollout, one for evaluations), "
+                             f"or 0 to leave environment actors unreserved; got {env_plan.count}")
         if self.rollout.num_envs < self.rollout.group_size:
             raise ValueError(f"rollout.num_envs ({self.rollout.num_envs}) must hold one group "
                              f"(rollout.group_size={self.rollout.group_size})")
@@ -287,6 +296,7 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
               f"names); give this run another run.dir name", file=sys.stderr)
         return 2
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
+    print(config.cluster.plan.describe(), flush=True)
     run = TrainingRun(config, resume=resume)
     stop = {"requested": False}
 

@@ -128,7 +128,8 @@ class TrainingRun:
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm,
                                 teacher_retired=self.teacher_retired, named=True, routed_teachers=routed,
-                                routes=config.teacher_routes, judge=self.judge)
+                                routes=config.teacher_routes, judge=self.judge,
+                                env_placement=(plan.env.cpus, strategies["env"]) if plan.env.count else None)
         self.teachers += list(routed.values())  # their stats, restarts and the final kill too
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
@@ -410,6 +411,7 @@ class TrainingRun:
         m.inc("buffer_dropped", buffer_delta["num_evicted"], reason="evicted")
         m.inc("actor_restarts", teacher_restarts, component="teacher")
         m.inc("actor_restarts", failed_runs, component="rollout")
+        m.inc("actor_restarts", counts.num_env_restarts, component="env")
 
     def stop_message(self, exc: Exception) -> str | None:
         """What to tell the user when the buffer or a learner rank died (the run cannot go on), or None.

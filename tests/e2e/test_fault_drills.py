@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 class Job:
     """A jobs.train subprocess whose output lines are collected as they come."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT, env=job_env(),
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT, env={**job_env(), **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.metrics_port = next((a.partition("=")[2] for a in args if a.startswith("run.metrics_port=")), None)
         self.lines: list[str] = []
@@ -35,8 +35,9 @@ class Job:
             assert self.proc.poll() is None and time.monotonic() < deadline, f"no {text!r} in:\n{self.output}"
             time.sleep(0.1)
 
-    def kill_actor(self, title: str) -> int:
-        """SIGKILL the (first) process of the job whose title starts with `ray::<title>`."""
+    def kill_actor(self, title: str, every: bool = False) -> list[int]:
+        """SIGKILL the first process of the job whose title starts with `ray::<title>` (or `every` one)."""
+        killed = []
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
                 name = child.cmdline()[0] if child.cmdline() else ""
@@ -44,8 +45,11 @@ class Job:
                 continue
             if name.startswith(f"ray::{title}"):
                 child.send_signal(signal.SIGKILL)
-                return child.pid
-        raise AssertionError(f"no ray::{title} process under the job")
+                killed.append(child.pid)
+                if not every:
+                    break
+        assert killed, f"no ray::{title} process under the job"
+        return killed
 
     def finish(self, timeout_s: float = 300) -> int:
         code = self.proc.wait(timeout=timeout_s)
@@ -140,3 +144,26 @@ def test_sigterm_checkpoints_and_exits_without_waiting_for_the_batch_timeout(tmp
     final = int(re.search(r'"final_version": (\d+)', job.output).group(1))
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
     assert (run_dir / "hf" / "config.json").is_file()
+
+
+@pytest.mark.alfworld
+def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfworld_data):
+    """ALFWorld with environment actors in the plan's bundles; SIGKILL of every rollout
+    environment actor mid-run: Ray restarts them, the episodes they held start over, none is
+    stored twice, and the run finishes with its eval."""
+    run_dir = tmp_path / "run"
+    job = Job("--config", "jobs/configs/alfworld_grpo_tiny.yaml", "model.path=tiny:nano", "rollout.num_envs=4",
+              "rollout.group_size=2", "cluster.plan.env.count=8", "rollout.loop.max_turns=3",
+              "rollout.sampling.max_new_tokens=16", "buffer.batch_size=4", "warm_start.num_episodes=0",
+              "run.steps=3", "run.eval_every=3", "run.eval_tasks=2", f"run.dir={run_dir}",
+              f"run.metrics_port={free_port()}", env={"ALFWORLD_DATA": str(alfworld_data)})
+    job.wait_for("step    1 ", timeout_s=400)
+    assert len(job.kill_actor("_EnvActor", every=True)) >= 4  # the rollout set (and the eval set if started)
+    assert job.finish(timeout_s=400) == 0, job.output
+    assert "env      8 x (0.03125 CPU, 0 GPU)" in job.output  # the environment actors' bundles
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    last = rows[-1]
+    assert len(rows) == 3 and all(r["num_loss_tokens"] > 0 for r in rows) and last["eval_success"] is not None
+    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, job.output
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"])

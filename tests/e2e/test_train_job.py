@@ -388,19 +388,3 @@ def test_a_short_working_memory_run_trains_both_stages(tmp_path):
     assert all(r["memory_turns"] > 0 and r["memory_turns"] == r["turns"] for r in rows)
     assert rows[0]["memory_format_error_rate"] is not None and all(r["num_loss_tokens"] > 0 for r in rows)
     assert rows[-1]["eval_success"] is not None
-
-
-@pytest.mark.alfworld
-def test_a_short_alfworld_run_with_env_actors(tmp_path, alfworld_data):
-    run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/alfworld_grpo_tiny.yaml",
-                           "model.path=tiny:nano", "rollout.num_envs=4", "rollout.group_size=2",
-                           "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "buffer.batch_size=4",
-                           "warm_start.num_episodes=0", "run.steps=2", "run.eval_every=2", "run.eval_tasks=2",
-                           f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
-                          cwd=ROOT, env={**job_env(), "ALFWORLD_DATA": str(alfworld_data)}, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert len(rows) == 2 and all(r["num_loss_tokens"] > 0 for r in rows) and rows[-1]["episodes"] >= 4
-    assert rows[-1]["eval_success"] is not None

@@ -256,3 +256,48 @@ def test_a_worker_that_keeps_failing_leaves_the_pool_and_the_job_fails(ray_sessi
     assert pool.retired and pool.num_failed_runs == 2
     # Its leased groups went back to admission: nothing outstanding for a worker that is gone.
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
+
+
+def test_driver_calls_survive_workers_killed_while_weights_are_published_and_during_an_eval(ray_session):
+    """The driver's fan-out calls (publish, stats, totals, evaluate, stop) go on past a worker
+    that died under them; a restarted worker evaluates with the latest weights, and an eval
+    whose worker died has every seed played exactly once."""
+    import threading
+
+    import ray
+
+    from learner.models import load_model
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    pool = RolloutPool(2, rollout_config(), NANO, buffer, num_cpus=0.25, max_restarts=3)
+    pids = ray.get([w.pid.remote() for w in pool.workers])
+    pool.start()
+    deadline = time.monotonic() + 120
+    while ray.get(buffer.stats.remote())["num_put"] == 0:  # both are rolling out
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(pids[0], signal.SIGKILL)
+    pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1)
+    pool.stats()
+    pool.group_totals()
+    pool.poll()  # worker 0's run failed: restarted with the latest weights
+    killed_at = []
+
+    def kill_worker_1_in_its_eval() -> None:
+        while not ray.get(pool.workers[1].stats.remote()).get("num_eval_episodes"):
+            time.sleep(0.01)
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    seeds = list(range(24))
+    killer = threading.Thread(target=kill_worker_1_in_its_eval)
+    killer.start()
+    rows = pool.evaluate("eval50", seeds)
+    evaluated_at = time.monotonic()
+    killer.join()
+    assert killed_at[0] < evaluated_at, "worker 1 was not killed during the eval"
+    assert [r["seed"] for r in rows] == seeds and all(r["policy_version"] == 1 for r in rows)
+    pool.stop()
+    pool.wait(timeout_s=300)
+    assert pool.num_failed_runs == 2 and not pool.retired
+    assert all(new != old for new, old in zip(ray.get([w.pid.remote() for w in pool.workers]), pids))

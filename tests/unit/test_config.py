@@ -127,3 +127,19 @@ def test_the_plan_reserves_a_judge_bundle_only_for_a_judge_that_serves_its_model
                                                                             "cluster.plan.judge.cpus=1"])
     with pytest.raises(ConfigError, match="needs judge.backend=http"):
         load_config(JobConfig, "jobs/configs/babyai_turn_judge_tiny.yaml", ["judge.serve.model.path=tiny:nano"])
+
+
+def test_environment_actors_are_reserved_in_the_plan_one_bundle_each():
+    from cluster.plan import ResourcePlan
+    from jobs.train import JobConfig
+
+    config = load_config(JobConfig, "jobs/configs/alfworld_grpo_tiny.yaml", [])
+    plan = config.cluster.plan
+    assert plan.bundles()[-16:] == [{"CPU": 0.03125}] * 16 and plan.needs()["CPU"] == 2.0
+    assert "env      16 x (0.03125 CPU, 0 GPU)" in plan.describe() and "env" not in ResourcePlan().describe()
+    with pytest.raises(ConfigError, match=r"cluster.plan.env.count must be 8 \(rollout workers 1 x rollout.num_envs 4"):
+        load_config(JobConfig, "jobs/configs/alfworld_grpo_tiny.yaml", ["rollout.num_envs=4"])
+    assert load_config(JobConfig, "jobs/configs/alfworld_grpo_tiny.yaml",
+                       ["cluster.plan.env.count=0"]).cluster.plan.bundles() == [{"CPU": 0.5}, {"CPU": 1.0}]
+    with pytest.raises(ConfigError, match="rollout.env_actors is false"):
+        load_config(JobConfig, "jobs/configs/alfworld_grpo_tiny.yaml", ["rollout.env_actors=false"])
