@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 import yaml
 
 from cluster.local import LOOPBACK_ENV, free_port
