@@ -227,6 +227,12 @@ class RolloutWorker:
         envs = iter(self._env_sets[use])
         return lambda: next(envs)
 
+    async def _runner(self, use: str) -> EpisodeRunner:
+        """Built off the event loop: environments load there (ALFWorld games, environment actors
+        whose constructors wait on Ray), and the loop must keep answering the driver."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: EpisodeRunner(self._env_factory(use), self.config.num_envs, self.config.loop))
+
     async def run(self, max_groups: int | None = None, start_version: int = 0,
                   weights: tuple[list, int] | None = None) -> None:
         """Roll out until stopped, or until this worker has completed max_groups groups in total;
@@ -236,7 +242,7 @@ class RolloutWorker:
             await self.update_weights(*weights)
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
         self._stats["num_recovered_groups"] += len(recovered)
-        runner = EpisodeRunner(self._env_factory("run"), self.config.num_envs, self.config.loop)
+        runner = await self._runner("run")
         groups: dict[str, list[EpisodeResult]] = {}
         # A finished group's delivery (teacher scoring, the buffer put) runs while the next
         # rounds generate; a failed delivery fails the run at the next round.
@@ -331,7 +337,7 @@ class RolloutWorker:
         await self._apply_weights()  # weights published while no `run` was applying them (warm start)
         greedy = ModelPolicy(self.engine, self.tokenizer, self.config.sampling.model_copy(update={"temperature": 0.0}),
                              self.config.loop)
-        runner = EpisodeRunner(self._env_factory("eval"), self.config.num_envs, self.config.loop)
+        runner = await self._runner("eval")
         pending = [EpisodeTask(split, s) for s in seeds][::-1]
         rows = []
         loop = asyncio.get_running_loop()
