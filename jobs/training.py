@@ -437,6 +437,8 @@ class TrainingRun:
 
     def evaluate(self) -> tuple[float, dict[str, float]]:
         """Greedy eval on run.eval_split: success overall and per task type (also exported)."""
+        print(f"evaluating {self.config.run.eval_tasks} tasks of {self.config.run.eval_split} at version "
+              f"{self.version}", flush=True)
         rows = self.pool.evaluate(self.config.run.eval_split, list(range(self.config.run.eval_tasks)))
         by_type: dict[str, list[bool]] = {}
         for r in rows:

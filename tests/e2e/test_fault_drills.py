@@ -75,7 +75,9 @@ def short_run(run_dir, steps: int) -> list[str]:
 
 
 def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
-    job = Job(*short_run(tmp_path / "run", steps=8))
+    """The worker is killed while it generates (step 2) and again during an evaluation (step 6),
+    then the teacher service (step 7)."""
+    job = Job(*short_run(tmp_path / "run", steps=8), "run.eval_every=6", "run.eval_tasks=48")
     job.wait_for("step    2 ")
     # Every listener the job opened (Ray, the metrics endpoint, vLLM's engine core) is on loopback.
     listeners = job.listeners()
@@ -83,13 +85,19 @@ def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_
     off_loopback = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))]
     assert not off_loopback, (off_loopback, listeners)
     job.kill_actor("RolloutWorker")
-    job.wait_for("step    4 ")
+    job.wait_for("evaluating 48 tasks")
+    job.kill_actor("RolloutWorker")
+    job.wait_for("step    7 ")
     job.kill_actor("_ServiceActor")
     assert job.finish() == 0, job.output
+    # The evaluation saw its worker die and re-ran that worker's tasks on the restarted one.
+    after_eval = job.output.split("evaluating 48 tasks", 1)[1]
+    assert "rollout worker 0 did not answer" in after_eval.split("step    6 ", 1)[0], job.output
     rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
     assert [r["version"] for r in rows] == list(range(1, 9))
+    assert rows[5]["eval_success"] is not None
     last = rows[-1]
-    assert last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1, job.output
+    assert last["rollout_failed_runs"] >= 2 and last["teacher_restarts"] >= 1, job.output
     assert last["duplicate_groups"] == 0
     assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
                                   + last["buffer_resident"])
