@@ -51,8 +51,12 @@ class ResourcePlan(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
+        """The preset's roles under the given ones, key by key (`rollout: {cpus: 0.5}` keeps the
+        preset's rollout count)."""
         if isinstance(data, dict) and data.get("preset") in PRESETS:
-            return {**PRESETS[data["preset"]], **data}
+            preset = PRESETS[data["preset"]]
+            return {**preset, **{k: {**preset[k], **v} if isinstance(v, dict) and k in preset else v
+                                 for k, v in data.items()}}
         return data
 
     @model_validator(mode="after")

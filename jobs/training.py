@@ -162,10 +162,15 @@ class TrainingRun:
         return algorithm.model_copy(update={"opd_lambda": 0.0, "topk_kl_coef": 0.0}) if self.teacher_retired \
             else algorithm
 
-    def _give_teacher_bundles_to_rollout(self) -> None:
+    def _give_teacher_bundles_to_rollout(self) -> int:
+        """One rollout worker per teacher bundle; none when the teacher role reserved nothing (an
+        extra engine would only share the cores the others use). Returns how many started."""
         plan = self._plan
+        if not (plan.teacher.cpus or plan.teacher.gpus):
+            return 0
         self.pool.add_workers(plan.teacher.count, num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                               placement=self._strategies["teacher"])
+        return plan.teacher.count
 
     def _retire_teacher(self) -> None:
         """RetireOPD: no more teacher calls, λ = 0, the teacher actors go and their bundles run
@@ -178,9 +183,9 @@ class TrainingRun:
         for teacher in self.teachers:  # gone for good before its bundle is reused
             wait_until_dead(teacher)
         num_teachers, self.teachers, self._teacher_pids = len(self.teachers), [], []
-        self._give_teacher_bundles_to_rollout()
+        added = self._give_teacher_bundles_to_rollout()
         print(f"teacher retired at version {self.version}: λ = 0, {num_teachers} teacher service(s) stopped, "
-              f"{self._plan.teacher.count} rollout worker(s) started in their place", flush=True)
+              f"{added} rollout worker(s) started in their place", flush=True)
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.dir)

@@ -317,7 +317,9 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     # Windows of one evaluation, γ = 0 and δ far below any gap change: the rule fires at the
     # second evaluation (m = 2), version 2.
     # Groups whose episodes all fail still train (OPD term): the untrained nano student fails them all.
-    retire = ["learner.algorithm.name=retire_opd", "learner.algorithm.drop_zero_variance_groups=false",
+    # The teacher's bundle holds CPUs here, so retirement starts a rollout worker in it.
+    retire = ["cluster.plan.rollout.cpus=0.75", "cluster.plan.teacher.cpus=0.25",
+              "learner.algorithm.name=retire_opd", "learner.algorithm.drop_zero_variance_groups=false",
               "learner.algorithm.retirement.window=1",
               "learner.algorithm.retirement.gamma=0", "learner.algorithm.retirement.delta=-1000000",
               "run.eval_every=1"]

@@ -143,3 +143,11 @@ def test_environment_actors_are_reserved_in_the_plan_one_bundle_each():
                        ["cluster.plan.env.count=0"]).cluster.plan.bundles() == [{"CPU": 0.5}, {"CPU": 1.0}]
     with pytest.raises(ConfigError, match="rollout.env_actors is false"):
         load_config(JobConfig, "jobs/configs/alfworld_grpo_tiny.yaml", ["rollout.env_actors=false"])
+
+
+def test_a_role_given_in_part_keeps_the_presets_other_keys():
+    from cluster.plan import ResourcePlan
+
+    plan = ResourcePlan(preset="gpu-8", rollout={"cpus": 4})
+    assert (plan.rollout.count, plan.rollout.cpus, plan.rollout.gpus) == (4, 4.0, 1.0)
+    assert ResourcePlan(preset="cpu", teacher={"cpus": 0.25}).teacher.count == 1
