@@ -22,8 +22,9 @@ class Job:
     """A jobs.train subprocess whose output lines are collected as they come."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT, env={**job_env(), **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT,
+                                     env={**job_env(), **(env or {})}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
         self.metrics_port = next((a.partition("=")[2] for a in args if a.startswith("run.metrics_port=")), None)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
