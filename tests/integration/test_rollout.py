@@ -300,4 +300,17 @@ def test_driver_calls_survive_workers_killed_while_weights_are_published_and_dur
     pool.stop()
     pool.wait(timeout_s=300)
     assert pool.num_failed_runs == 2 and not pool.retired
-    assert all(new != old for new, old in zip(ray.get([w.pid.remote() for w in pool.workers]), pids))
+    # After the stop the pool no longer waits for restarts: ask until each new incarnation answers.
+    assert all(answered_pid(w) != old for w, old in zip(pool.workers, pids))
+
+
+def answered_pid(worker, timeout_s: float = 120.0) -> int:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(worker.pid.remote())
+        except ray.exceptions.ActorUnavailableError:
+            assert time.monotonic() < deadline, "the worker did not come back"
+            time.sleep(0.2)
