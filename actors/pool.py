@@ -38,8 +38,9 @@ class RolloutPool:
                  env_placement: tuple[float, list] | None = None) -> None:
         """`env`, `algorithm`, `teacher_retired` and `judge`: see `RolloutWorker`; `named`: worker i is
         the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
-        environment actor, the plan's strategies for them: 2 x num_envs per worker, in worker
-        order). Workers added later (a retired teacher's bundles) run theirs unreserved."""
+        environment actor, the plan's strategies for them: `RolloutConfig.num_env_actors` per
+        worker, in worker order). Workers added later (a retired teacher's bundles) run theirs
+        unreserved."""
         import ray
 
         if num_workers < 1:
@@ -54,7 +55,7 @@ class RolloutPool:
         self._routed = (dict(routed_teachers or {}), tuple(routes))
         self._judge = judge
         self.workers = []
-        per_worker = 2 * config.num_envs
+        per_worker = config.num_env_actors
         for i in range(num_workers):
             teacher = teachers[i % len(teachers)] if teachers else None
             envs = None if env_placement is None else \

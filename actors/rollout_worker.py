@@ -67,6 +67,16 @@ class RolloutConfig(BaseModel):
     env_max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed environment actor (its episode starts over each time)."""
 
+    @property
+    def num_env_actors(self) -> int:
+        """Environment actors per worker with `env_actors`: a set of num_envs for each use in
+        ENV_USES (an evaluation may run while rollout does)."""
+        return len(ENV_USES) * self.num_envs
+
+
+ENV_USES = ("run", "eval")
+"""What a worker's environment sets serve, in the order of their placement strategies."""
+
 
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
     """The configured engine; `seed_offset` (the worker index) separates the workers' sampling noise."""
@@ -101,7 +111,7 @@ class RolloutWorker:
         `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
         of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py);
         `env_placement`: (CPUs of each environment actor, a scheduling strategy for each of the
-        2 x num_envs: the rollout set's, then the evaluation set's), None: unreserved, 0 CPUs."""
+        `config.num_env_actors`: the rollout set's, then the evaluation set's), None: unreserved, 0 CPUs."""
         from cluster.metrics import ActorMetrics
         from learner.models import load_tokenizer
 
@@ -133,7 +143,7 @@ class RolloutWorker:
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
         self._env_sets: dict[str, list] = {}
-        self._env_placement = env_placement or (0.0, ["DEFAULT"] * (2 * config.num_envs))
+        self._env_placement = env_placement or (0.0, ["DEFAULT"] * config.num_env_actors)
         self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
@@ -221,7 +231,7 @@ class RolloutWorker:
 
         if use not in self._env_sets:
             num_cpus, strategies = self._env_placement
-            first = {"run": 0, "eval": self.config.num_envs}[use]
+            first = ENV_USES.index(use) * self.config.num_envs
             self._env_sets[use] = [RemoteEnv(self.env_config, num_cpus, self.config.env_max_restarts, strategy)
                                    for strategy in strategies[first:first + self.config.num_envs]]
         envs = iter(self._env_sets[use])

@@ -28,6 +28,11 @@ class RolePlan(BaseModel):
     cpus: float = Field(ge=0)
     gpus: float = Field(default=0.0, ge=0)
 
+    @property
+    def reserves(self) -> bool:
+        """Whether each actor needs a bundle (an actor that needs nothing is not reserved)."""
+        return self.cpus > 0 or self.gpus > 0
+
 
 class ResourcePlan(BaseModel):
     """The whole job's actors."""
@@ -73,9 +78,8 @@ class ResourcePlan(BaseModel):
         """One bundle per actor that needs resources (zero-resource actors need no reservation)."""
         out = []
         for role in (getattr(self, name) for name in ROLES):
-            bundle = {k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}
-            if bundle:
-                out += [bundle] * role.count
+            if role.reserves:
+                out += [{k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}] * role.count
         return out
 
     def describe(self) -> str:
@@ -120,7 +124,7 @@ def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
     strategies, index = {}, 0
     for name in ROLES:
         role = getattr(plan, name)
-        if role.cpus == 0 and role.gpus == 0:
+        if not role.reserves:
             strategies[name] = ["DEFAULT"] * max(role.count, 1)
             continue
         strategies[name] = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index + i)

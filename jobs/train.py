@@ -153,7 +153,7 @@ class JobConfig(BaseModel):
         if env_plan.count and not rollout.env_actors:
             raise ValueError("cluster.plan.env reserves bundles for environment actors but rollout.env_actors is "
                              "false: set rollout.env_actors=true, or cluster.plan.env.count=0")
-        expected = plan.rollout.count * rollout.num_envs * 2
+        expected = plan.rollout.count * rollout.num_env_actors
         if rollout.env_actors and env_plan.count not in (0, expected):
             raise ValueError(f"cluster.plan.env.count must be {expected} (rollout workers {plan.rollout.count} x "
                              f"rollout.num_envs {rollout.num_envs} x 2: a set for rollout, one for evaluations), "

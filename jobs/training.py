@@ -166,7 +166,7 @@ class TrainingRun:
         """One rollout worker per teacher bundle; none when the teacher role reserved nothing (an
         extra engine would only share the cores the others use). Returns how many started."""
         plan = self._plan
-        if not (plan.teacher.cpus or plan.teacher.gpus):
+        if not plan.teacher.reserves:
             return 0
         self.pool.add_workers(plan.teacher.count, num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                               placement=self._strategies["teacher"])
