@@ -514,11 +514,20 @@ def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
     trajectory = None
     if ep.turns:
         turns = tuple(Turn(**{**t.__dict__, "turn_reward": r}) for t, r in zip(ep.turns, reward.per_turn))
-        trajectory = Trajectory(trajectory_id=ep.task.trajectory_id, group_id=ep.task.group_id or
-                                ep.task.trajectory_id.rsplit("/", 1)[0], split=ep.task.split,
-                                task_seed=ep.task.seed, task_type=ep.reset.info.task_type, turns=turns,
-                                success=ep.success, outcome_reward=reward.outcome, format_reward=reward.format,
-                                horizon_k=ep.task.horizon_k, task=ep.reset.task)
+        trajectory = _trajectory(ep, turns, ep.success, reward.outcome, reward.format)
     return EpisodeResult(task=ep.task, info=ep.reset.info, success=ep.success, num_turns=len(ep.history),
                          num_format_errors=sum(not ok for ok in well_formed), reward=reward,
                          truncated=ep.truncated, trajectory=trajectory)
+
+
+def running_trajectory(ep: EpisodeState) -> Trajectory:
+    """The turns a running episode has finished so far, before any outcome: success False, rewards 0."""
+    return _trajectory(ep, tuple(ep.turns), False, 0.0, 0.0)
+
+
+def _trajectory(ep: EpisodeState, turns: tuple[Turn, ...], success: bool, outcome: float, format_reward: float
+                ) -> Trajectory:
+    return Trajectory(trajectory_id=ep.task.trajectory_id, group_id=ep.task.group_id or
+                      ep.task.trajectory_id.rsplit("/", 1)[0], split=ep.task.split, task_seed=ep.task.seed,
+                      task_type=ep.reset.info.task_type, turns=turns, success=success, outcome_reward=outcome,
+                      format_reward=format_reward, horizon_k=ep.task.horizon_k, task=ep.reset.task)

@@ -11,7 +11,12 @@ The loop, once per round:
    answering weight updates and stats), parse, step;
 4. a group whose G episodes all finished goes through the algorithm's group-end stages in
    order (advantages, turn selection, teacher scoring: `learner.algorithms`), then to the
-   buffer in one `put_group`, which stores it exactly once.
+   buffer in one `put_group`, which stores it exactly once;
+5. with `segments`, a running episode whose oldest undelivered turn was written by older
+   weights than the engine's delivers its finished turns now (through the algorithm's
+   segment stages, `put_group(final=False)`); its group's final put carries only the rest.
+   The buffer stores each (episode, turn) once, so a re-run after a restart loses nothing
+   and duplicates nothing either way.
 
 Task seeds come from the worker's own stream: group i of worker w of N uses seed i*N + w,
 so workers never collide and a restarted worker continues where its stream stopped (workers
@@ -29,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy
+from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
 from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
@@ -66,6 +71,12 @@ class RolloutConfig(BaseModel):
     for slow environments (ALFWorld); BabyAI is fast enough in-process."""
     env_max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed environment actor (its episode starts over each time)."""
+    segments: bool = False
+    """Deliver a running episode's finished turns as soon as the weights move on past the oldest
+    of them, instead of all at once when its group ends: a long episode's early turns reach the
+    learner before they go stale (docs/architecture.md, "Segments"). For algorithms whose loss
+    needs no finished episode (opd, tcod). Costs a re-read of the episode's earlier turns as
+    context, by the teacher and by the learner, for each segment."""
 
     @property
     def num_env_actors(self) -> int:
@@ -126,13 +137,19 @@ class RolloutWorker:
         self.env_config = env or default_env_config()
         self._teacher_calls = 0
         self.stages = []
+        self.segment_stages = []
         self.curriculum = None
         if algorithm is not None:
             context = StageContext(worker_index, self._score if self.teachers else None,
                                    None if judge is None else judge.judge.remote)
-            self.stages = [(factory.__name__, factory(algorithm, context))
-                           for factory in ALGORITHMS[algorithm.name].group_stages(algorithm)
-                           if not (teacher_retired and factory is teacher_scores)]
+
+            def build(factories):
+                return [(f.__name__, f(algorithm, context)) for f in factories
+                        if not (teacher_retired and f is teacher_scores)]
+
+            self.stages = build(ALGORITHMS[algorithm.name].group_stages(algorithm))
+            if config.segments:
+                self.segment_stages = build(ALGORITHMS[algorithm.name].segment_stage_factories(algorithm))
             if ALGORITHMS[algorithm.name].curriculum is not None:
                 self.curriculum = ALGORITHMS[algorithm.name].curriculum(algorithm)
         self.tokenizer = load_tokenizer(model)
@@ -169,6 +186,7 @@ class RolloutWorker:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so
         the driver can then kill it without failing a delivery."""
         self.stages = [(name, stage) for name, stage in self.stages if name != teacher_scores.__name__]
+        self.segment_stages = [(name, stage) for name, stage in self.segment_stages if name != teacher_scores.__name__]
         self.teachers = {}
         while self._teacher_calls:
             await asyncio.sleep(0.05)
@@ -257,6 +275,10 @@ class RolloutWorker:
         # A finished group's delivery (teacher scoring, the buffer put) runs while the next
         # rounds generate; a failed delivery fails the run at the next round.
         deliveries: set[asyncio.Task] = set()
+        # With segments: turns delivered per trajectory id, and each group's segment deliveries
+        # (its final put waits for them: the buffer refuses anything after a group's final put).
+        delivered: dict[str, int] = {}
+        segments: dict[str, list[asyncio.Task]] = defaultdict(list)
         loop = asyncio.get_running_loop()
         G = self.config.group_size
         while not self._stop:
@@ -294,9 +316,42 @@ class RolloutWorker:
                 groups[group_id].append(result)
                 self._record(result)
                 if len(groups[group_id]) == G:
-                    deliveries.add(asyncio.create_task(self._deliver(group_id, groups.pop(group_id))))
+                    deliveries.add(asyncio.create_task(self._deliver(group_id, groups.pop(group_id), delivered,
+                                                                     segments.pop(group_id, []))))
                     completed += 1
+            if self.config.segments:
+                for group_id, task in self._deliver_segments(runner, delivered):
+                    segments[group_id].append(task)
+                    deliveries.add(task)
         await asyncio.gather(*deliveries)
+
+    def _deliver_segments(self, runner: EpisodeRunner, delivered: dict[str, int]) -> list[tuple[str, asyncio.Task]]:
+        """Start the segment deliveries due: running episodes whose oldest undelivered turn is
+        older than the engine's weights (once per version move, not once per turn: each segment
+        costs a re-read of the episode so far)."""
+        due: dict[str, list] = defaultdict(list)
+        for ep in runner.running:
+            start = delivered.get(ep.task.trajectory_id, 0)
+            if len(ep.turns) > start and ep.turns[start].policy_version < self.engine.version:
+                due[ep.tag].append((running_trajectory(ep), start))
+                delivered[ep.task.trajectory_id] = len(ep.turns)
+        return [(group_id, asyncio.create_task(self._deliver_segment(group_id, parts)))
+                for group_id, parts in due.items()]
+
+    async def _deliver_segment(self, group_id: str, parts: list[tuple[Any, int]]) -> None:
+        """`parts`: (the trajectory so far, its first undelivered turn) of running episodes."""
+        from buffer.actor import encode_trajectories
+
+        starts = {t.trajectory_id: start for t, start in parts}
+        trajectories = [t for t, _ in parts]
+        for name, stage in self.segment_stages:  # on the whole episode so far (the oracle replays it)
+            start = time.perf_counter()
+            trajectories = await stage(trajectories)
+            self._stats[f"stage_{name}_s"] += time.perf_counter() - start
+        rest = [dataclasses.replace(t, turns=t.turns[starts[t.trajectory_id]:]) for t in trajectories]
+        stored = await self.buffer.put_group.remote(encode_trajectories(rest), group_id, final=False)
+        self._stats["num_segments_put" if stored else "num_segments_refused"] += 1
+        self._stats["num_segment_turns"] += sum(len(t.turns) for t in rest)
 
     def _record(self, result: EpisodeResult) -> None:
         tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
@@ -321,9 +376,14 @@ class RolloutWorker:
         m.inc("rollout_turns", result.num_turns - result.num_format_errors, format="ok")
         m.inc("rollout_turns", result.num_format_errors, format="error")
 
-    async def _deliver(self, group_id: str, results: list[EpisodeResult]) -> None:
+    async def _deliver(self, group_id: str, results: list[EpisodeResult], delivered: dict[str, int],
+                       segments: list[asyncio.Task]) -> None:
+        """A finished group through the group-end stages into the buffer; turns its `segments`
+        delivered already (`delivered`: per trajectory id) are left out of the put."""
         from buffer.actor import encode_trajectories
 
+        starts = {r.task.trajectory_id: delivered.pop(r.task.trajectory_id, 0) for r in results}
+        await asyncio.gather(*segments)
         trajectories = [r.trajectory for r in sorted(results, key=lambda r: r.task.index)]
         for name, stage in self.stages:
             start = time.perf_counter()
@@ -333,7 +393,8 @@ class RolloutWorker:
                 self._stats["num_groups_without_signal"] += 1
                 self._group_totals["num_groups_without_signal"] += 1
                 break
-        stored = await self.buffer.put_group.remote(encode_trajectories(trajectories), group_id)
+        rest = [dataclasses.replace(t, turns=t.turns[starts[t.trajectory_id]:]) for t in trajectories]
+        stored = await self.buffer.put_group.remote(encode_trajectories([t for t in rest if t.turns]), group_id)
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
         self._group_totals["num_groups_delivered"] += 1
 

@@ -59,7 +59,10 @@ class EncodedSamples:
     policy_versions: tuple[int, ...]
     """Policy version of each row, shape [num_samples]."""
     episode_versions: tuple[int, ...]
-    """Policy version of the last turn of each row's episode, shape [num_samples]."""
+    """Policy version of the last turn of each row's episode (of its segment, for a segment of a
+    running episode), shape [num_samples]."""
+    turns: tuple[tuple[str, int], ...]
+    """(trajectory id, turn index) of each row, shape [num_samples]: what the buffer stores once."""
 
     @property
     def num_samples(self) -> int:
@@ -117,6 +120,7 @@ class ReplayBuffer:
                                               config.samples_per_episode_prior)
         self._leases = LeaseTable()
         self._num_duplicates = 0
+        self._num_duplicate_turns = 0
         self._version = 0
         self._new_data = asyncio.Event()
         self.metrics = ActorMetrics("buffer", "buffer")
@@ -141,32 +145,45 @@ class ReplayBuffer:
         """A worker is gone for good: release its outstanding groups. Returns how many."""
         leases = self._leases.outstanding(owner)
         for lease in leases:
+            delivered = self._leases.num_stored(lease.group_id)
             self._leases.release(lease.group_id)
-            self._admission.abort(lease.group_size)
+            self._admission.abort(lease.group_size, delivered_before=delivered)
         return len(leases)
 
-    async def put_group(self, samples: EncodedSamples, group_id: str) -> bool:
-        """Store a leased group's samples exactly once; a repeated or unknown group is refused (False)."""
-        lease = self._leases.complete(group_id)
-        if lease is None:
+    async def put_group(self, samples: EncodedSamples, group_id: str, final: bool = True) -> bool:
+        """Store a leased group's samples, each (trajectory, turn) exactly once: a repeated or
+        unknown group is refused (False), and so are the rows of turns already stored (counted).
+        `final=False`: a segment of running episodes (`RolloutConfig.segments`); the group stays
+        leased until its final put."""
+        before = self._leases.num_stored(group_id)
+        new = self._leases.store(group_id, samples.turns)
+        if new is None:
             self._num_duplicates += 1
             return False
-        await self.put(samples)
-        self._admission.finish(lease.group_size, samples.num_samples)
+        rows = [row for row, is_new in enumerate(new) if is_new]
+        self._num_duplicate_turns += samples.num_samples - len(rows)
+        await self.put(samples, rows)
+        if final:
+            lease = self._leases.complete(group_id)
+            self._admission.finish(lease.group_size, before + len(rows), delivered_before=before)
+        else:
+            self._admission.deliver(len(rows))
         return True
 
-    async def put(self, samples: EncodedSamples) -> int:
-        """Store samples outside any lease or admission (offline data, benchmarks). Returns evictions."""
+    async def put(self, samples: EncodedSamples, rows: list[int] | None = None) -> int:
+        """Store samples (only `rows` of them, when given) outside any lease or admission
+        (offline data, benchmarks). Returns evictions."""
         import ray
 
-        if not samples.num_samples:
+        rows = list(range(samples.num_samples)) if rows is None else rows
+        if not rows:
             return 0
         key = self._next_key
         self._next_key += 1
         # The buffer owns the copy it puts: a table outlives the worker that sent it.
-        self._tables[key] = [ray.put(samples.data), samples.num_samples, samples.num_bytes]
+        self._tables[key] = [ray.put(samples.data), len(rows), samples.num_bytes]
         versions = samples.policy_versions if self.config.staleness_of == "turn" else samples.episode_versions
-        evicted = self._ring.put([Entry(v, (key, row)) for row, v in enumerate(versions)])
+        evicted = self._ring.put([Entry(versions[row], (key, row)) for row in rows])
         self._new_data.set()
         self._export()
         return evicted
@@ -224,6 +241,8 @@ class ReplayBuffer:
             "num_bytes_held": sum(held[2] for held in self._tables.values()),
             "num_outstanding_groups": self._leases.num_outstanding,
             "num_duplicate_groups": self._num_duplicates,
+            "num_duplicate_turns": self._num_duplicate_turns,
+            "num_delivered_running": self._admission.delivered_running,
         }
 
     def _advance(self, learner_version: int) -> int:
@@ -279,7 +298,7 @@ def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:
     # Turns are in order and a turn is never older than the one before it: the last is the newest.
     episode_versions = tuple(t.turns[-1].policy_version for t in trajectories for _ in t.turns)
     return EncodedSamples(encode_table(samples_to_table(samples)), tuple(s.policy_version for s in samples),
-                          episode_versions)
+                          episode_versions, tuple((s.trajectory_id, s.turn_index) for s in samples))
 
 
 def fetch_samples(batch: SampleBatch) -> pa.Table:

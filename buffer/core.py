@@ -152,7 +152,8 @@ class AdmissionController:
     where `accepted` counts samples that were or will be trained on (consumed + resident:
     samples lost to eviction or staleness give their room back, so a loss cannot deadlock
     the learner), and `running` is the episodes in flight times the mean samples per
-    finished episode (a prior until the first episode finishes). Episodes are admitted
+    finished episode (a prior until the first episode finishes), less the samples those
+    episodes already delivered in segments (they are in `accepted`). Episodes are admitted
     whole, as many as fit. A group (`all_or_nothing`) is admitted whole while any room is
     left, so the bound can be passed by less than one group: otherwise a learner short of
     fewer samples than a group yields would wait forever (with max_staleness 0, or when a
@@ -170,6 +171,8 @@ class AdmissionController:
         self._prior = samples_per_episode_prior
         self._finished_episodes = 0
         self._finished_samples = 0
+        self.delivered_running = 0
+        """Samples running episodes delivered in segments, before they finished."""
 
     @property
     def samples_per_episode(self) -> float:
@@ -180,7 +183,8 @@ class AdmissionController:
     def capacity(self, learner_version: int, accepted: int) -> float:
         """Samples that may still be started at this version."""
         limit = (self.max_staleness + learner_version + 1) * self.batch_size
-        return limit - (accepted + self.running_episodes * self.samples_per_episode)
+        still_to_come = max(0.0, self.running_episodes * self.samples_per_episode - self.delivered_running)
+        return limit - (accepted + still_to_come)
 
     def admit(self, num_episodes: int, learner_version: int, accepted: int, all_or_nothing: bool = False) -> int:
         """Reserve up to num_episodes episodes (all_or_nothing: all of them while any room is left,
@@ -195,17 +199,28 @@ class AdmissionController:
         self.running_episodes += granted
         return granted
 
-    def finish(self, num_episodes: int, num_samples: int) -> None:
-        """Episodes admitted earlier ended and produced num_samples samples."""
+    def deliver(self, num_samples: int) -> None:
+        """Running episodes delivered a segment of num_samples samples (they go on)."""
+        self.delivered_running += num_samples
+
+    def finish(self, num_episodes: int, num_samples: int, delivered_before: int = 0) -> None:
+        """Episodes admitted earlier ended and produced num_samples samples in all, of which
+        `delivered_before` came in earlier segments."""
+        if not 0 <= delivered_before <= min(num_samples, self.delivered_running):
+            raise ValueError(f"{delivered_before} samples delivered before, of {num_samples} in all and "
+                             f"{self.delivered_running} delivered by running episodes")
         self._release(num_episodes)
+        self.delivered_running -= delivered_before
         if num_samples:
             # Groups filtered out (no signal) deliver nothing: they say nothing about episode length.
             self._finished_episodes += num_episodes
             self._finished_samples += num_samples
 
-    def abort(self, num_episodes: int) -> None:
-        """Episodes admitted earlier will not deliver (a worker died): give their room back."""
+    def abort(self, num_episodes: int, delivered_before: int = 0) -> None:
+        """Episodes admitted earlier will not deliver more (their worker is gone): give their room
+        back; `delivered_before` of their samples came in segments and stay."""
         self._release(num_episodes)
+        self.delivered_running -= delivered_before
 
     def _release(self, num_episodes: int) -> None:
         if not 0 <= num_episodes <= self.running_episodes:
@@ -237,17 +252,21 @@ class GroupLease:
 
 
 class LeaseTable:
-    """Exactly-once bookkeeping of admitted groups.
+    """Exactly-once bookkeeping of admitted groups, per (episode, turn).
 
-    A group is leased when admitted and completed when its trajectories are put; a second
-    put of the same group (a worker that died after putting, then re-ran it) is refused. A
-    restarted worker gets its outstanding leases back and re-runs them, so a death loses
-    nothing and duplicates nothing. Completed ids are kept (a few bytes each) to refuse
-    late duplicates.
+    A group is leased when admitted and completed when its last trajectories are put; a
+    second put of the same group (a worker that died after putting, then re-ran it) is
+    refused. Before that, a leased group may deliver segments (a running episode's finished
+    turns, `RolloutConfig.segments`): each (trajectory, turn index) is stored once, and a
+    re-run's turns that an earlier incarnation stored are refused. A restarted worker gets
+    its outstanding leases back and re-runs them, so a death loses nothing and duplicates
+    nothing. Completed ids are kept (a few bytes each) to refuse late duplicates.
     """
 
     def __init__(self) -> None:
         self._leased: dict[str, GroupLease] = {}
+        self._stored: dict[str, set[tuple[str, int]]] = {}
+        """Outstanding group -> the (trajectory id, turn index) its segments stored."""
         self._completed: set[str] = set()
         self._next_index: dict[str, int] = {}
         self._completed_by_owner: dict[str, int] = {}
@@ -258,16 +277,34 @@ class LeaseTable:
         self._leased[lease.group_id] = lease
         self._next_index[lease.owner] = max(self._next_index.get(lease.owner, 0), lease.index + 1)
 
+    def store(self, group_id: str, turns: tuple[tuple[str, int], ...]) -> list[bool] | None:
+        """Which of a segment's rows, named (trajectory id, turn index), are new (recorded as
+        stored now); None when the group is not outstanding (unknown or completed)."""
+        if group_id not in self._leased:
+            return None
+        stored = self._stored.setdefault(group_id, set())
+        new = []
+        for turn in turns:
+            new.append(turn not in stored)
+            stored.add(turn)
+        return new
+
+    def num_stored(self, group_id: str) -> int:
+        """Rows an outstanding group's segments stored so far."""
+        return len(self._stored.get(group_id, ()))
+
     def complete(self, group_id: str) -> GroupLease | None:
         """The lease, now completed; None when the group is unknown or already completed."""
         lease = self._leased.pop(group_id, None)
         if lease is not None:
+            self._stored.pop(group_id, None)
             self._completed.add(group_id)
             self._completed_by_owner[lease.owner] = self._completed_by_owner.get(lease.owner, 0) + 1
         return lease
 
     def release(self, group_id: str) -> GroupLease | None:
         """Drop a lease that will never complete; returns it, or None if unknown."""
+        self._stored.pop(group_id, None)
         return self._leased.pop(group_id, None)
 
     def outstanding(self, owner: str) -> list[GroupLease]:

@@ -112,6 +112,8 @@ class StepRecord:
     dropped_stale: int
     evicted: int
     duplicate_groups: int
+    duplicate_turns: int
+    """Rows of turns the buffer had stored already (a re-run group's turns that segments delivered)."""
     rollout_failed_runs: int
     teacher_restarts: int
     env_restarts: int
@@ -168,7 +170,7 @@ STEP_SCHEMA = pa.schema([
     ("episodes", pa.int64()), ("successes", pa.int64()), ("turns", pa.int64()), ("format_errors", pa.int64()),
     ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
-    ("duplicate_groups", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
+    ("duplicate_groups", pa.int64()), ("duplicate_turns", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
     ("env_restarts", pa.int64()),
     ("judged_turns", pa.int64()), ("judge_neutral_turns", pa.int64()), ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("memory_turns", pa.int64()), ("memory_format_error_rate", pa.float64()), ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
@@ -188,7 +190,8 @@ _TOTALS = {"episodes": "num_episodes", "successes": "num_successes", "turns": "n
            "prompt_tokens": "num_prompt_tokens", "memory_turns": "num_memory_turns",
            "env_restarts": "num_env_restarts"}
 _BUFFER_TOTALS = {"buffer_put": "num_put", "buffer_consumed": "num_consumed", "dropped_stale": "num_dropped_stale",
-                  "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups"}
+                  "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups",
+                  "duplicate_turns": "num_duplicate_turns"}
 BUFFER_COUNTERS = tuple(_BUFFER_TOTALS.values())
 """The buffer `stats` counters the record totals (the driver passes their deltas)."""
 

@@ -144,6 +144,8 @@ class JobConfig(BaseModel):
                                  "(teacher.backend=hf|vllm|remote) or turn working memory off")
         if self.buffer.max_staleness < 0:
             raise ValueError("buffer.max_staleness must be >= 0")
+        if self.rollout.segments:
+            ALGORITHMS[algorithm.name].segment_stage_factories(algorithm)  # raises for algorithms without them
         rollout = self.rollout
         if rollout.engine == "vllm" and rollout.loop.max_context_tokens > rollout.vllm.max_model_len:
             # vLLM rejects a longer prompt with an error, which would fail the worker mid-run.

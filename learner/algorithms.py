@@ -307,12 +307,25 @@ class Algorithm:
     retires: bool = False
     """The driver runs the retirement rule at each evaluation (RetireOPD) and, once it fires,
     trains with λ = 0 and hands the teacher's resources to rollout."""
+    segment_stages: tuple[StageFactory, ...] | None = None
+    """Stages run on segments of running episodes (`RolloutConfig.segments`): each sees every
+    turn so far and no outcome yet. None: the loss needs finished episodes (a reward, a group
+    baseline), so the algorithm cannot be delivered in segments."""
 
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
         if cfg.topk_kl_coef and teacher_scores not in self.stages:
             return self.stages + (teacher_scores,)
         return self.stages
+
+    def segment_stage_factories(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
+        """`segment_stages`, with teacher scoring when the top-k term is on."""
+        if self.segment_stages is None:
+            raise ValueError(f"algorithm {cfg.name!r} trains on finished episodes (rewards or a group baseline): "
+                             f"rollout.segments needs an algorithm without them (opd, tcod)")
+        if cfg.topk_kl_coef and teacher_scores not in self.segment_stages:
+            return self.segment_stages + (teacher_scores,)
+        return self.segment_stages
 
     def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
         return teacher_scores in self.group_stages(cfg)
@@ -334,7 +347,7 @@ register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
 register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages)))
 register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages)))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
-                                    gauges=lambda cfg, step: {"opd_lambda": 1.0}))
+                                    gauges=lambda cfg, step: {"opd_lambda": 1.0}, segment_stages=(teacher_scores,)))
 register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
                                       gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}))
 register_algorithm("retire_opd", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
@@ -343,4 +356,5 @@ register_algorithm("sft", Algorithm(sft_loss))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                      gauges=lambda cfg, step: {"opd_lambda": 1.0,
                                                                "horizon_k": float(horizon(cfg.tcod, step))},
-                                     curriculum=lambda cfg: TCODCurriculum(cfg.tcod)))
+                                     curriculum=lambda cfg: TCODCurriculum(cfg.tcod),
+                                     segment_stages=(teacher_scores,)))

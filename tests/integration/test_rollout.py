@@ -172,6 +172,50 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_sess
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
 
 
+def test_segments_deliver_running_episodes_turns_once_across_a_killed_worker(ray_session):
+    """rollout.segments with OPD and the oracle teacher: weights published while episodes run
+    make them deliver their finished turns early; the worker is SIGKILLed once a segment of a
+    still-running group is stored, and its re-run stores only the turns not stored before."""
+    import ray
+
+    from learner.models import load_model
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
+                                     BabyAITextConfig(), num_cpus=0)
+    config = RolloutConfig(engine="hf", num_envs=2, group_size=1, segments=True,
+                           sampling=SamplingConfig(max_new_tokens=48, seed=0), loop=LoopConfig(max_turns=10))
+    pool = RolloutPool(1, config, NANO, buffer, [teacher], num_cpus=0.5, max_restarts=2,
+                       algorithm=AlgorithmConfig(name="opd"))
+    worker = pool.workers[0]
+    pid = ray.get(worker.pid.remote())
+    weights = [ray.put(load_model(ModelConfig(path="tiny:nano", seed=s)).state_dict()) for s in (5, 6)]
+    pool.start(max_groups_per_worker=8)
+    version, deadline, killed = 0, time.monotonic() + 240, False
+    while not pool.poll(timeout_s=0.1):
+        version += 1
+        pool.publish_weights(weights[version % 2], version=version)
+        if not killed and ray.get(buffer.stats.remote())["num_delivered_running"]:
+            os.kill(pid, signal.SIGKILL)  # a segment is stored and its group still runs
+            killed = True
+        assert time.monotonic() < deadline, "rollout did not finish"
+    assert killed and pool.num_failed_runs >= 1 and ray.get(worker.pid.remote()) != pid
+    samples = drain(ray, buffer)
+    assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(8)]
+    per_traj = {}
+    for s in samples:
+        per_traj.setdefault(s.trajectory_id, []).append(s.turn_index)
+        assert s.teacher_logprobs is not None and len(s.teacher_logprobs) == len(s.response_ids)
+    # Each turn once, none missing (a re-run shorter than what its first incarnation stored adds nothing).
+    assert all(sorted(turns) == list(range(len(turns))) for turns in per_traj.values()), per_traj
+    assert len({s.policy_version for s in samples}) > 1  # turns of one run under several versions
+    stats = ray.get(buffer.stats.remote())
+    assert stats["num_outstanding_groups"] == 0 and stats["num_delivered_running"] == 0
+    assert stats["num_put"] == len(samples)
+    # The re-run played the killed groups from turn 0; what the first incarnation stored was refused.
+    assert stats["num_duplicate_turns"] >= 1 and stats["num_duplicate_groups"] == 0
+
+
 def test_a_killed_teacher_service_is_restarted_and_its_requests_retried(ray_session):
     import ray
 

@@ -1,7 +1,7 @@
 """Ring buffer core and admission control, exhaustively and as a hypothesis state machine."""
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -225,3 +225,61 @@ def test_groups_that_deliver_nothing_do_not_skew_the_estimate():
     adm.admit(2, 0, 0)
     adm.finish(2, num_samples=1)
     assert adm.samples_per_episode == 1.0  # never below one sample per episode
+
+
+def test_segments_store_each_turn_once_across_a_re_run():
+    """A group delivered in segments, its worker killed, the group re-run from turn 0: every
+    (trajectory, turn) is stored once, and nothing after the final put."""
+    from buffer.core import GroupLease, LeaseTable
+
+    table = LeaseTable()
+    table.lease(GroupLease("w0:0", "w0", "train", 0, 2, 0))
+    assert table.store("w0:0", (("w0:0/0", 0), ("w0:0/0", 1), ("w0:0/1", 0))) == [True, True, True]
+    assert table.num_stored("w0:0") == 3
+    # The re-run plays both episodes again; turns the first incarnation stored are refused.
+    rerun = (("w0:0/0", 0), ("w0:0/0", 1), ("w0:0/0", 2), ("w0:0/1", 0), ("w0:0/1", 1))
+    assert table.store("w0:0", rerun) == [False, False, True, False, True]
+    assert table.complete("w0:0") is not None and table.num_stored("w0:0") == 0
+    assert table.store("w0:0", (("w0:0/0", 3),)) is None  # completed: a late segment is refused
+    assert table.store("nope", (("nope/0", 0),)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=4), data=st.data())
+def test_any_segmentation_and_re_runs_store_every_turn_exactly_once(lengths, data):
+    """Episodes cut into segments anywhere, interrupted by re-runs that start over at turn 0
+    (a killed worker), then finished: the union of stored rows is every turn, once."""
+    from buffer.core import GroupLease, LeaseTable
+
+    table = LeaseTable()
+    table.lease(GroupLease("g", "w", "train", 0, len(lengths), 0))
+    stored: list[tuple[str, int]] = []
+    for _ in range(data.draw(st.integers(0, 3))):  # incarnations killed part-way
+        for e, n in enumerate(lengths):
+            upto = data.draw(st.integers(0, n))
+            turns = tuple((f"g/{e}", k) for k in range(upto))
+            cut = data.draw(st.integers(0, upto))
+            for part in (turns[:cut], turns[cut:]):
+                stored += [t for t, new in zip(part, table.store("g", part)) if new]
+    final = tuple((f"g/{e}", k) for e, n in enumerate(lengths) for k in range(n))
+    stored += [t for t, new in zip(final, table.store("g", final)) if new]
+    assert table.complete("g") is not None
+    assert sorted(stored) == sorted(final)
+
+
+def test_segments_delivered_by_running_episodes_count_once_in_admission():
+    """Samples a running episode delivered are resident (in `accepted`) and no longer expected."""
+    adm = AdmissionController(batch_size=10, max_staleness=0, samples_per_episode_prior=4.0)
+    assert adm.admit(2, 0, accepted=0) == 2 and adm.capacity(0, accepted=0) == 2.0
+    adm.deliver(3)  # a segment of 3 samples: resident now
+    assert adm.capacity(0, accepted=3) == 2.0
+    adm.deliver(6)  # more than expected: nothing more counted as still to come
+    assert adm.capacity(0, accepted=9) == 1.0
+    adm.finish(2, num_samples=10, delivered_before=9)
+    assert adm.running_episodes == 0 and adm.delivered_running == 0 and adm.samples_per_episode == 5.0
+    adm.admit(1, 1, accepted=10)
+    adm.deliver(2)
+    adm.abort(1, delivered_before=2)  # the owner is gone; its 2 samples stay resident
+    assert adm.delivered_running == 0 and adm.capacity(1, accepted=12) == 8.0
+    with pytest.raises(ValueError, match="delivered before"):
+        adm.finish(0, num_samples=1, delivered_before=2)
