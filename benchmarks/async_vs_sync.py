@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import os
 import random
@@ -115,6 +116,8 @@ class Workload:
     response_median: float = 120.0
     response_sigma: float = 0.8
     max_new_tokens: int = 512
+    segments: bool = False
+    """rollout.segments: a running episode's finished turns are delivered once the weights move on."""
 
 
 def plan_episode(rng: random.Random, work: Workload) -> list[int]:
@@ -139,7 +142,22 @@ def trajectory(group_id: str, index: int, responses: list[int], versions: list[i
 
 
 def packed_tokens(responses: list[int], work: Workload) -> int:
+    """Tokens of an episode's turns so far packed as one sequence (what the teacher reads)."""
     return work.prompt_tokens + sum(r + work.obs_tokens for r in responses)
+
+
+def learner_tokens(table, div: int, work: Workload) -> int:
+    """Tokens the learner reads for a batch: each run of consecutive turns of one episode is one
+    packed sequence (buffer.expansion.to_sequences), whose head re-reads its prompt: the episode's
+    first prompt, or its whole history so far for a run that starts mid-episode (a segment)."""
+    tokens, prev = 0, None
+    for tid, turn, prompt, response in zip(*(table.column(c).to_pylist() for c in
+                                             ("trajectory_id", "turn_index", "prompt_ids", "response_ids"))):
+        if prev != (tid, turn - 1):
+            tokens += len(prompt) * div
+        tokens += len(response) * div + work.obs_tokens
+        prev = (tid, turn)
+    return tokens
 
 
 class SimTeacher:
@@ -174,8 +192,9 @@ class SimRolloutWorker:
         """Generate until stopped; returns the worker's counters."""
         rng = random.Random(self.index)
         work, cost = self.work, self.cost
-        running: list[dict] = []  # one per episode: group, index, plan, turn, left, versions
+        running: list[dict] = []  # one per episode: group, index, plan, turn, left, versions, delivered
         groups: dict[str, list] = {}
+        segments: dict[str, list[asyncio.Task]] = {}
         deliveries: set[asyncio.Task] = set()
         clock, start = 0.0, time.monotonic()  # simulated seconds; sleeps aim at absolute deadlines
         next_index, prefill = 0, 0
@@ -188,9 +207,10 @@ class SimRolloutWorker:
                     break
                 next_index += 1
                 groups[lease.group_id] = []
+                segments[lease.group_id] = []
                 for i in range(work.group_size):
                     running.append({"group": lease.group_id, "index": i, "plan": plan_episode(rng, work),
-                                    "turn": 0, "left": None, "versions": []})
+                                    "turn": 0, "left": None, "versions": [], "delivered": 0})
                     prefill += work.prompt_tokens
             if self.pending > self.version:  # the engine pauses to load the new weights
                 self.version = self.pending
@@ -229,8 +249,16 @@ class SimRolloutWorker:
                 group = groups[ep["group"]]
                 group.append(ep)
                 if len(group) == work.group_size:
-                    deliveries.add(asyncio.create_task(self._deliver(ep["group"], groups.pop(ep["group"]))))
+                    deliveries.add(asyncio.create_task(self._deliver(ep["group"], groups.pop(ep["group"]),
+                                                                     segments.pop(ep["group"]))))
             running = still
+            if work.segments:  # as RolloutWorker._deliver_segments: once the weights moved on
+                for ep in running:
+                    if ep["turn"] > ep["delivered"] and ep["versions"][ep["delivered"]] < self.version:
+                        task = asyncio.create_task(self._deliver_segment(ep, ep["delivered"], ep["turn"]))
+                        ep["delivered"] = ep["turn"]
+                        segments[ep["group"]].append(task)
+                        deliveries.add(task)
             for task in [t for t in deliveries if t.done()]:
                 deliveries.discard(task)
                 task.result()
@@ -239,13 +267,25 @@ class SimRolloutWorker:
         self.stats["lag_s"] = (time.monotonic() - start) / self.scale - clock
         return dict(self.stats)
 
-    async def _deliver(self, group_id: str, episodes: list[dict]) -> None:
+    async def _deliver(self, group_id: str, episodes: list[dict], segments: list[asyncio.Task]) -> None:
+        await asyncio.gather(*segments)
         teacher = self.teachers[self.index % len(self.teachers)]
         await teacher.score.remote(sum(packed_tokens(ep["plan"], self.work) for ep in episodes))
         trajectories = [trajectory(group_id, ep["index"], ep["plan"], ep["versions"], self.work, self.div)
                         for ep in sorted(episodes, key=lambda ep: ep["index"])]
-        await self.buffer.put_group.remote(encode_trajectories(trajectories), group_id)
+        rest = [dataclasses.replace(t, turns=t.turns[ep["delivered"]:])
+                for t, ep in zip(trajectories, sorted(episodes, key=lambda ep: ep["index"]))]
+        await self.buffer.put_group.remote(encode_trajectories([t for t in rest if t.turns]), group_id)
         self.stats["groups_put"] += 1
+
+    async def _deliver_segment(self, ep: dict, start: int, stop: int) -> None:
+        """Turns [start, stop) of a running episode; the teacher reads the episode so far."""
+        teacher = self.teachers[self.index % len(self.teachers)]
+        await teacher.score.remote(packed_tokens(ep["plan"][:stop], self.work))
+        full = trajectory(ep["group"], ep["index"], ep["plan"][:stop], ep["versions"][:stop], self.work, self.div)
+        segment = dataclasses.replace(full, turns=full.turns[start:])
+        await self.buffer.put_group.remote(encode_trajectories([segment]), ep["group"], final=False)
+        self.stats["segments_put"] += 1
 
 
 def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostModel, work: Workload,
@@ -261,11 +301,12 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     started = time.monotonic()
     version, staleness = 0, Counter()
     idle = 0.0
-    consumed, measured_from = 0, None
+    consumed, measured_from, learner_tokens_total = 0, None, 0
     try:
         for step in range(num_steps):
             if step == warmup_steps:
                 measured_from, idle, consumed, staleness = time.monotonic(), 0.0, 0, Counter()
+                learner_tokens_total = 0
             waited = time.monotonic()
             batch = None
             while batch is None or batch.num_samples < work.batch_samples:
@@ -276,10 +317,8 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
                     ray.get(failed)  # a worker's loop ended: raise its error
                 batch = got if batch is None else batch + got
             idle += time.monotonic() - waited
-            table = fetch_samples(batch)
-            responses = [len(r) * div for r in table.column("response_ids").to_pylist()]
-            first = sum(1 for t in table.column("turn_index").to_pylist() if t == 0)
-            tokens = sum(responses) + work.obs_tokens * len(responses) + work.prompt_tokens * first
+            tokens = learner_tokens(fetch_samples(batch), div, work)
+            learner_tokens_total += tokens
             train_s = tokens / (cost.learner_tokens_per_s * cost.learner_gpus) + cost.learner_overhead_s
             time.sleep((train_s + cost.publish_s) * scale)
             for versions in batch.policy_versions:
@@ -299,6 +338,8 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     return {"samples_per_s": consumed / sim_s, "learner_idle": idle / elapsed,
             "staleness": dict(sorted(staleness.items())), "dropped_stale": stats["num_dropped_stale"],
             "sim_s_per_step": sim_s / (num_steps - warmup_steps),
+            "learner_tokens_per_sample": learner_tokens_total / max(consumed, 1),
+            "segments_put": sum(s.get("segments_put", 0) for s in worker_stats),
             "decoded_tokens_per_s": sum(s.get("decoded_tokens", 0) for s in worker_stats) / sim_s,
             "lag": max(s["lag_s"] for s in worker_stats) / (time.monotonic() - started) * scale}
 
@@ -332,13 +373,15 @@ def buffer_samples_per_s(work: Workload, num_groups: int = 100) -> float:
         ray.kill(buffer)
 
 
-def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = "turn") -> dict:
+def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = "turn",
+             segments: bool = False) -> dict:
     """The embedded default through `python -m jobs.train`; rates from its metrics.parquet."""
     import pyarrow.parquet as pq
 
-    run_dir = workdir / f"staleness{max_staleness}"
+    run_dir = workdir / f"staleness{max_staleness}{'_segments' if segments else ''}"
     cmd = [sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_opd_tiny.yaml",
            f"buffer.max_staleness={max_staleness}", f"buffer.staleness_of={staleness_of}",
+           f"rollout.segments={str(segments).lower()}",
            "warm_start.num_episodes=0", f"run.steps={steps}", "run.eval_every=0", f"run.dir={run_dir}",
            f"run.checkpoint_every={steps}", "run.eval_tasks=4", "run.metrics_port=null"]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -362,9 +405,10 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=10)
     parser.add_argument("--extra-bounds", type=int, nargs="*", default=[4],
                         help="more max_staleness values for the simulated cluster (printed, not in RESULT)")
-    parser.add_argument("--group-sizes", type=int, nargs="+", default=[Workload.group_size, 1],
-                        help="episodes per group on the simulated cluster, one workload each (8: GRPO's G, "
-                             "in RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1)")
+    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg"],
+                        help="simulated workloads: episodes per group, 'seg' for rollout.segments (8: GRPO's G, "
+                             "RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1; 1seg: OPD "
+                             "delivered in segments, _g1_seg)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
     parser.add_argument("--staleness-of", choices=("turn", "episode"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
@@ -376,39 +420,44 @@ def main() -> None:
     init_local_ray(num_cpus=2)
     sims, headroom = {}, {}
     try:
-        for g in args.group_sizes:
-            work = Workload(group_size=g)
-            bounds = sorted({0, 2, *(args.extra_bounds if g == args.group_sizes[0] else ())})
-            sims[g] = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale,
-                                   args.payload_div, "turn" if s == 0 else args.staleness_of)  # bound 0: per turn
-                       for s in bounds}
+        for name in args.workloads:
+            work = Workload(group_size=int(name.removesuffix("seg")), segments=name.endswith("seg"))
+            bounds = sorted({0, 2, *(args.extra_bounds if name == args.workloads[0] else ())})
+            sims[name] = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale,
+                                      args.payload_div, "turn" if s == 0 else args.staleness_of)  # bound 0: per turn
+                          for s in bounds}
             buffer_rate = buffer_samples_per_s(work)
-            headroom[g] = buffer_rate / sims[g][2]["samples_per_s"]
-            print(f"buffer actor with groups of {g}: {buffer_rate:.0f} samples/s, {headroom[g]:.1f}x what the "
-                  f"simulated learner consumed at bound 2", flush=True)
+            headroom[name] = buffer_rate / sims[name][2]["samples_per_s"]
+            print(f"buffer actor with groups of {work.group_size}: {buffer_rate:.0f} samples/s, "
+                  f"{headroom[name]:.1f}x what the simulated learner consumed at bound 2 ({name})", flush=True)
     finally:
         ray.shutdown()
     print(f"staleness counted per {args.staleness_of}")
-    for g, sim in sims.items():
+    for name, sim in sims.items():
         for s, r in sim.items():
-            print(f"simulated gpu-8, groups of {g}, max_staleness={s}: {r['samples_per_s']:.1f} samples/s, "
+            print(f"simulated gpu-8, workload {name}, max_staleness={s}: {r['samples_per_s']:.1f} samples/s, "
                   f"{r['sim_s_per_step']:.1f} s/step, learner idle {r['learner_idle']:.3f}, "
+                  f"{r['learner_tokens_per_sample']:.0f} learner tokens/sample, "
                   f"decoded {r['decoded_tokens_per_s']:.0f} tokens/s, consumed staleness {r['staleness']}, "
-                  f"dropped stale {r['dropped_stale']}; slowest engine behind its schedule by {r['lag']:.1%} "
-                  f"of the run")
+                  f"dropped stale {r['dropped_stale']}, segments put {r['segments_put']}; slowest engine behind "
+                  f"its schedule by {r['lag']:.1%} of the run")
     real = {}
     if not args.skip_real:
         with tempfile.TemporaryDirectory() as tmp:
-            real = {s: real_run(s, args.real_steps, Path(tmp), "turn" if s == 0 else args.staleness_of)
-                    for s in (0, 2)}
-        for s, r in real.items():
-            print(f"real tiny default (2 cores), max_staleness={s}: {r['samples_per_s']:.2f} samples/s, "
-                  f"learner idle {r['learner_idle']:.3f}, consumed staleness {r['staleness']}, "
+            arms = {"0": (0, False), "2": (2, False), "2seg": (2, True)}
+            real = {name: real_run(s, args.real_steps, Path(tmp), "turn" if s == 0 else args.staleness_of, seg)
+                    for name, (s, seg) in arms.items()}
+        for name, r in real.items():
+            print(f"real tiny default (2 cores), max_staleness={name.removesuffix('seg')}"
+                  f"{' with rollout.segments' if name.endswith('seg') else ''}: {r['samples_per_s']:.2f} "
+                  f"samples/s, learner idle {r['learner_idle']:.3f}, consumed staleness {r['staleness']}, "
                   f"dropped stale {r['dropped_stale']}")
-    ratio_real = f"{real[2]['samples_per_s'] / real[0]['samples_per_s']:.2f}" if real else "skipped"
+    ratio_real = (f"{real['2']['samples_per_s'] / real['0']['samples_per_s']:.2f} async_over_sync_real_seg="
+                  f"{real['2seg']['samples_per_s'] / real['0']['samples_per_s']:.2f}" if real
+                  else "skipped async_over_sync_real_seg=skipped")
     keys = []
-    for k, (g, sim) in enumerate(sims.items()):
-        suffix = "" if k == 0 else f"_g{g}"
+    for k, (name, sim) in enumerate(sims.items()):
+        suffix = "" if k == 0 else f"_g{name.removesuffix('seg')}" + ("_seg" if name.endswith("seg") else "")
         keys += [f"async_over_sync_sim{suffix}={sim[2]['samples_per_s'] / sim[0]['samples_per_s']:.2f}",
                  f"learner_idle_sim{suffix}={sim[2]['learner_idle']:.3f}"]
     # The buffer's headroom is the smaller of the workloads' (small groups cost more calls per sample).

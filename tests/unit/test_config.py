@@ -54,6 +54,7 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["rollout.loop.prompt.tools=json"], "rollout.loop.prompt.tools"),
     (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
     (["run.max_wall_s=0"], "run.max_wall_s"),
+    (["rollout.segments=true", "learner.algorithm.name=joint"], "rollout.segments needs an algorithm without"),
 ])
 def test_bad_job_configs_name_the_key(overrides, message):
     from jobs.train import JobConfig
