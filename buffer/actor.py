@@ -218,6 +218,14 @@ class ReplayBuffer:
         return SampleBatch(refs, tuple(tuple(r) for r, _ in by_table.values()),
                            tuple(tuple(v) for _, v in by_table.values()))
 
+    async def begin(self, learner_version: int) -> None:
+        """The learner's version as this buffer starts feeding it, before any `get` (after a warm
+        start or a resume): admission counts the learner's steps from here."""
+        if self._ring.counters.consumed:
+            raise ValueError(f"begin({learner_version}) after {self._ring.counters.consumed} samples were consumed")
+        self._admission.first_version = learner_version
+        self._advance(learner_version)
+
     async def set_version(self, learner_version: int) -> int:
         """The learner published a new version; drops what became too stale. Returns drops."""
         return self._advance(learner_version)

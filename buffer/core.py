@@ -148,8 +148,9 @@ class AdmissionController:
     """Bounds how far rollout runs ahead of the learner, so it does not generate work that would be dropped.
 
     Unit: samples. With B samples per learner step, version v and staleness bound Δmax,
-        capacity = (Δmax + v + 1) * B - (accepted + running)
-    where `accepted` counts samples that were or will be trained on (consumed + resident:
+        capacity = (Δmax + (v - v0) + 1) * B - (accepted + running)
+    where v0 is the learner's version when this buffer began feeding it (`first_version`: after
+    a warm start or a resume the learner is at v0 > 0 and has consumed nothing from it yet), `accepted` counts samples that were or will be trained on (consumed + resident:
     samples lost to eviction or staleness give their room back, so a loss cannot deadlock
     the learner), and `running` is the episodes in flight times the mean samples per
     finished episode (a prior until the first episode finishes), less the samples those
@@ -173,6 +174,8 @@ class AdmissionController:
         self._finished_samples = 0
         self.delivered_running = 0
         """Samples running episodes delivered in segments, before they finished."""
+        self.first_version = 0
+        """v0: the learner's version when this buffer began feeding it."""
 
     @property
     def samples_per_episode(self) -> float:
@@ -182,7 +185,7 @@ class AdmissionController:
 
     def capacity(self, learner_version: int, accepted: int) -> float:
         """Samples that may still be started at this version."""
-        limit = (self.max_staleness + learner_version + 1) * self.batch_size
+        limit = (self.max_staleness + learner_version - self.first_version + 1) * self.batch_size
         still_to_come = max(0.0, self.running_episodes * self.samples_per_episode - self.delivered_running)
         return limit - (accepted + still_to_come)
 

@@ -204,10 +204,11 @@ class TrainingRun:
         import ray
 
         if self.version == 0 and self.config.warm_start.num_episodes:
-            self.warm_start(should_stop)
-        if self.version > 0:
+            self.warm_start(should_stop)  # publishes its weights (its evaluation runs on them)
+        elif self.version > 0:  # resumed
             self.pool.publish_weights(self.learner.publish(), self.version)
-            ray.get(self.buffer.set_version.remote(self.version))
+        if self.version > 0:
+            ray.get(self.buffer.begin.remote(self.version))
         self.pool.start(start_version=self.warm_steps)
 
     def warm_start(self, should_stop: Callable[[], bool]) -> None:
@@ -252,7 +253,6 @@ class TrainingRun:
         if not rows:
             return
         self.pool.publish_weights(self.learner.publish(), self.version)
-        ray.get(self.buffer.set_version.remote(self.version))
         if self.config.run.eval_every:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "

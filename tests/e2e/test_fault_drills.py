@@ -77,8 +77,10 @@ def short_run(run_dir, steps: int) -> list[str]:
 
 def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
     """The worker is killed while it generates (step 2) and again during an evaluation (step 6),
-    then the teacher service (step 7)."""
-    job = Job(*short_run(tmp_path / "run", steps=8), "run.eval_every=6", "run.eval_tasks=48")
+    then the teacher service (step 7); with `rollout.segments` (running episodes deliver their
+    turns in parts, so a kill leaves groups partly stored: the buffer keeps each turn once)."""
+    job = Job(*short_run(tmp_path / "run", steps=8), "run.eval_every=6", "run.eval_tasks=48",
+              "rollout.segments=true")
     job.wait_for("step    2 ")
     # Every listener the job opened (Ray, the metrics endpoint, vLLM's engine core) is on loopback.
     listeners = job.listeners()

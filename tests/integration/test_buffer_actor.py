@@ -119,9 +119,13 @@ def test_staleness_counted_per_episode_keeps_the_early_turns_of_a_long_episode(r
     assert kept["episode"] == [("long", k, k) for k in range(4)] + [("short", 0, 3), ("short", 1, 3)]
 
 
-def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
+@pytest.mark.parametrize("first_version", [0, 384])
+def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod, first_version):
+    """From version 0, and from a learner that begins at 384 (after a warm start or a resume)."""
     ray = ray_mod
     buffer = create_buffer_actor(BufferConfig(batch_size=4, max_staleness=1, samples_per_episode_prior=2.0))
+    ray.get(buffer.begin.remote(first_version))
+
     def lease(index: int, size: int) -> GroupLease:
         return GroupLease(f"w:{index}", "w", "train", index, group_size=size, index=index)
 
@@ -129,13 +133,15 @@ def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
     # room is left (it may pass the bound by less than itself), then nothing until room opens.
     assert ray.get(buffer.admit_group.remote(lease(0, 4)))
     assert not ray.get(buffer.admit_group.remote(lease(1, 1)))
-    group = encode_trajectories([trajectory(f"t{i}", 2, 0) for i in range(4)])
+    group = encode_trajectories([trajectory(f"t{i}", 2, first_version) for i in range(4)])
     assert ray.get(buffer.put_group.remote(group, "w:0"))
     assert not ray.get(buffer.put_group.remote(group, "w:0"))  # stored once
     assert not ray.get(buffer.admit_group.remote(lease(1, 1)))
-    assert ray.get(buffer.get.remote(4, learner_version=0, timeout_s=1)).num_samples == 4
+    assert ray.get(buffer.get.remote(4, learner_version=first_version, timeout_s=1)).num_samples == 4
     assert not ray.get(buffer.admit_group.remote(lease(1, 1)))  # consuming alone does not open room...
-    ray.get(buffer.set_version.remote(1))
+    with pytest.raises(ray.exceptions.RayTaskError, match="after 4 samples were consumed"):
+        ray.get(buffer.begin.remote(first_version))
+    ray.get(buffer.set_version.remote(first_version + 1))
     assert ray.get(buffer.admit_group.remote(lease(1, 2)))  # ...a new learner version does: 4 samples
     assert not ray.get(buffer.admit_group.remote(lease(2, 1)))
     # A worker gone for good gives its leased groups' room back.
@@ -143,6 +149,26 @@ def test_admission_makes_producers_wait_until_the_learner_advances(ray_mod):
     stats = ray.get(buffer.stats.remote())
     assert stats["num_running_episodes"] == 0 and stats["num_outstanding_groups"] == 0 \
         and stats["num_duplicate_groups"] == 1
+
+
+def test_segments_store_each_turn_once_and_count_once_in_admission(ray_mod):
+    ray = ray_mod
+    buffer = create_buffer_actor(BufferConfig(batch_size=4, max_staleness=1, samples_per_episode_prior=4.0))
+    assert ray.get(buffer.admit_group.remote(GroupLease("w:0", "w", "train", 0, group_size=1, index=0)))
+    episode = trajectory("w:0/0", 4, 0)
+    first = encode_trajectories([dataclasses.replace(episode, turns=episode.turns[:2])])
+    assert ray.get(buffer.put_group.remote(first, "w:0", final=False))
+    assert ray.get(buffer.put_group.remote(first, "w:0", final=False))  # a re-run's: refused row by row
+    stats = ray.get(buffer.stats.remote())
+    assert (stats["num_put"], stats["num_duplicate_turns"], stats["num_delivered_running"]) == (2, 2, 2)
+    assert stats["admission_capacity"] == 8 - 2 - (4 - 2)  # resident, plus what the episode still owes
+    assert ray.get(buffer.put_group.remote(encode_trajectories([episode]), "w:0"))  # final: turns 2, 3 are new
+    assert not ray.get(buffer.put_group.remote(first, "w:0", final=False))  # after the final put
+    stats = ray.get(buffer.stats.remote())
+    assert (stats["num_put"], stats["num_duplicate_turns"], stats["num_delivered_running"]) == (4, 4, 0)
+    assert stats["num_running_episodes"] == 0 and stats["num_outstanding_groups"] == 0
+    samples = table_to_samples(fetch_samples(ray.get(buffer.get.remote(8, learner_version=0, timeout_s=1))))
+    assert [s.turn_index for s in samples] == [0, 1, 2, 3]
 
 
 def test_producers_far_ahead_of_the_learner_hold_bounded_bytes(ray_mod):

@@ -283,3 +283,15 @@ def test_segments_delivered_by_running_episodes_count_once_in_admission():
     assert adm.delivered_running == 0 and adm.capacity(1, accepted=12) == 8.0
     with pytest.raises(ValueError, match="delivered before"):
         adm.finish(0, num_samples=1, delivered_before=2)
+
+
+def test_admission_counts_learner_steps_from_the_version_the_buffer_began_at():
+    """After a warm start (or a resume) the learner is at v0 > 0 and has consumed nothing from
+    this buffer: room is (Δmax + 1)·B, not (Δmax + v0 + 1)·B (which would admit without bound)."""
+    adm = AdmissionController(batch_size=8, max_staleness=2, samples_per_episode_prior=1.0)
+    adm.first_version = 384
+    assert adm.capacity(384, accepted=0) == 24
+    assert adm.admit(100, 384, accepted=0) == 24
+    adm.finish(24, num_samples=24)
+    assert adm.capacity(384, accepted=24) == 0
+    assert adm.capacity(385, accepted=24) == 8  # one learner step later: B more room
