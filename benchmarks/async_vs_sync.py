@@ -53,7 +53,7 @@ Goals (issue): async_over_sync_sim >= 1.8 (AReaL reports 1.76x at staleness 1-2 
 learner_idle_sim <= 0.05, buffer_headroom_sim >= 20. RESULT's plain keys are the groups of 8;
 `_g1` keys the groups of 1.
 
-    python benchmarks/async_vs_sync.py [--sim-steps 12] [--real-steps 10] [--skip-real]
+    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real]
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sim-steps", type=int, default=12)
+    parser.add_argument("--sim-steps", type=int, default=32)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--time-scale", type=float, default=0.05, help="real seconds per simulated second")
     parser.add_argument("--payload-div", type=int, default=16)

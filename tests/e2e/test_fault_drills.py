@@ -107,18 +107,28 @@ def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_
     assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
 
 
-@pytest.mark.parametrize("title,expected", [("ReplayBuffer", "the replay buffer actor died"),
-                                            ("LearnerRank", "learner rank 0 died")])
-def test_a_dead_buffer_or_learner_stops_the_run_and_resume_continues(tmp_path, title, expected):
-    run_dir = tmp_path / "run"
-    job = Job(*short_run(run_dir, steps=20))
-    job.wait_for("step    3 ")
+def stopped_by_a_kill(job: Job, title: str, expected: str, run_dir) -> int:
+    """SIGKILL the job's `ray::<title>`: the run must stop with one line naming it and the
+    `--resume` command. Returns the version of the checkpoint it left."""
     job.kill_actor(title)
     assert job.finish() == 1, job.output
     assert f"run stopped: {expected}" in job.output and f"--resume {run_dir}" in job.output
-    version = int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
-    # The buffer's death leaves the learner alive: it checkpoints the version it reached.
-    assert version >= (3 if title == "ReplayBuffer" else 2)
+    return int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
+
+
+def test_a_dead_buffer_then_a_dead_learner_rank_stop_the_run_and_resume_continues(tmp_path):
+    """The buffer is killed at step 3, then, in the resumed run, a learner rank: each stops the run
+    naming the actor, and each `--resume` continues from the last checkpoint at its version, no
+    step repeated or skipped."""
+    run_dir = tmp_path / "run"
+    job = Job(*short_run(run_dir, steps=20))
+    job.wait_for("step    3 ")
+    version = stopped_by_a_kill(job, "ReplayBuffer", "the replay buffer actor died", run_dir)
+    assert version >= 3  # the buffer's death leaves the learner alive: it checkpoints the version it reached
+    job = Job("--resume", str(run_dir), "run.steps=20", f"run.metrics_port={free_port()}")
+    job.wait_for(f"step {version + 2:4d} ")
+    assert f"at version {version}" in job.output and f"step {version:4d} " not in job.output
+    version = stopped_by_a_kill(job, "LearnerRank", "learner rank 0 died", run_dir)
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir),
                               f"run.steps={version + 1}", f"run.metrics_port={free_port()}"],
                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
