@@ -150,9 +150,10 @@ class AdmissionController:
     Unit: samples. With B samples per learner step, version v and staleness bound Δmax,
         capacity = (Δmax + (v - v0) + 1) * B - (accepted + running)
     where v0 is the learner's version when this buffer began feeding it (`first_version`: after
-    a warm start or a resume the learner is at v0 > 0 and has consumed nothing from it yet), `accepted` counts samples that were or will be trained on (consumed + resident:
-    samples lost to eviction or staleness give their room back, so a loss cannot deadlock
-    the learner), and `running` is the episodes in flight times the mean samples per
+    a warm start or a resume the learner is at v0 > 0 and has consumed nothing from it yet),
+    `accepted` counts samples that were or will be trained on (consumed + resident: samples
+    lost to eviction or staleness give their room back, so a loss cannot deadlock the
+    learner), and `running` is the episodes in flight times the mean samples per
     finished episode (a prior until the first episode finishes), less the samples those
     episodes already delivered in segments (they are in `accepted`). Episodes are admitted
     whole, as many as fit. A group (`all_or_nothing`) is admitted whole while any room is
