@@ -155,11 +155,14 @@ def prometheus_binary() -> str:
 
 def start_prometheus(tmp_path: Path, driver_port: int) -> tuple[subprocess.Popen, int]:
     """A real Prometheus server with the shipped scrape config; only the driver's port differs
-    (a free one). Ray's targets come from the service-discovery file the head writes."""
+    (a free one), and the scrape interval: the test's six-step job can run its steps within the
+    shipped 5 s (it did in CI: no scrape after the first step, so series labelled at the first
+    step were never seen). Ray's targets come from the service-discovery file the head writes."""
     config = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
     (job,) = [c for c in config["scrape_configs"] if c["job_name"] == "apprentice"]
     assert job["static_configs"] == [{"targets": ["127.0.0.1:9400"]}]
     job["static_configs"] = [{"targets": [f"127.0.0.1:{driver_port}"]}]
+    config["global"]["scrape_interval"] = "1s"
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     server = subprocess.Popen([prometheus_binary(), f"--config.file={tmp_path / 'prometheus.yml'}",
