@@ -89,6 +89,12 @@ ENV_USES = ("run", "eval")
 """What a worker's environment sets serve, in the order of their placement strategies."""
 
 
+def _undelivered(trajectories: list, starts: dict[str, int]) -> list:
+    """Each trajectory cut to its turns from `starts[trajectory id]` on; one left with none is omitted."""
+    cut = [dataclasses.replace(t, turns=t.turns[starts[t.trajectory_id]:]) for t in trajectories]
+    return [t for t in cut if t.turns]
+
+
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
     """The configured engine; `seed_offset` (the worker index) separates the workers' sampling noise."""
     from learner.models import load_model, resolve_model_dir
@@ -343,15 +349,21 @@ class RolloutWorker:
         from buffer.actor import encode_trajectories
 
         starts = {t.trajectory_id: start for t, start in parts}
-        trajectories = [t for t, _ in parts]
-        for name, stage in self.segment_stages:  # on the whole episode so far (the oracle replays it)
-            start = time.perf_counter()
-            trajectories = await stage(trajectories)
-            self._stats[f"stage_{name}_s"] += time.perf_counter() - start
-        rest = [dataclasses.replace(t, turns=t.turns[starts[t.trajectory_id]:]) for t in trajectories]
+        # The stages see the whole episode so far (the oracle replays it from the reset).
+        rest = _undelivered(await self._run_stages(self.segment_stages, [t for t, _ in parts]), starts)
         stored = await self.buffer.put_group.remote(encode_trajectories(rest), group_id, final=False)
         self._stats["num_segments_put" if stored else "num_segments_refused"] += 1
         self._stats["num_segment_turns"] += sum(len(t.turns) for t in rest)
+
+    async def _run_stages(self, stages: list, trajectories: list) -> list:
+        """Trajectories through `stages` in order, each timed; an empty list (no signal) ends them."""
+        for name, stage in stages:
+            start = time.perf_counter()
+            trajectories = await stage(trajectories)
+            self._stats[f"stage_{name}_s"] += time.perf_counter() - start
+            if not trajectories:
+                break
+        return trajectories
 
     def _record(self, result: EpisodeResult) -> None:
         tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
@@ -384,17 +396,12 @@ class RolloutWorker:
 
         starts = {r.task.trajectory_id: delivered.pop(r.task.trajectory_id, 0) for r in results}
         await asyncio.gather(*segments)
-        trajectories = [r.trajectory for r in sorted(results, key=lambda r: r.task.index)]
-        for name, stage in self.stages:
-            start = time.perf_counter()
-            trajectories = await stage(trajectories)
-            self._stats[f"stage_{name}_s"] += time.perf_counter() - start
-            if not trajectories:
-                self._stats["num_groups_without_signal"] += 1
-                self._group_totals["num_groups_without_signal"] += 1
-                break
-        rest = [dataclasses.replace(t, turns=t.turns[starts[t.trajectory_id]:]) for t in trajectories]
-        stored = await self.buffer.put_group.remote(encode_trajectories([t for t in rest if t.turns]), group_id)
+        trajectories = await self._run_stages(self.stages, [r.trajectory for r in sorted(results,
+                                                                                     key=lambda r: r.task.index)])
+        if not trajectories:
+            self._stats["num_groups_without_signal"] += 1
+            self._group_totals["num_groups_without_signal"] += 1
+        stored = await self.buffer.put_group.remote(encode_trajectories(_undelivered(trajectories, starts)), group_id)
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
         self._group_totals["num_groups_delivered"] += 1
 

@@ -314,24 +314,26 @@ class Algorithm:
 
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
-        if cfg.topk_kl_coef and teacher_scores not in self.stages:
-            return self.stages + (teacher_scores,)
-        return self.stages
+        return _with_topk_scoring(self.stages, cfg)
 
     def segment_stage_factories(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
-        """`segment_stages`, with teacher scoring when the top-k term is on."""
+        """`segment_stages`, plus teacher scoring when the top-k term is on."""
         if self.segment_stages is None:
             raise ValueError(f"algorithm {cfg.name!r} trains on finished episodes (rewards or a group baseline): "
                              f"rollout.segments needs an algorithm without them (opd, tcod)")
-        if cfg.topk_kl_coef and teacher_scores not in self.segment_stages:
-            return self.segment_stages + (teacher_scores,)
-        return self.segment_stages
+        return _with_topk_scoring(self.segment_stages, cfg)
 
     def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
         return teacher_scores in self.group_stages(cfg)
 
     def uses_judge(self, cfg: AlgorithmConfig) -> bool:
         return judge_rewards in self.group_stages(cfg)
+
+
+def _with_topk_scoring(stages: tuple[StageFactory, ...], cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
+    if cfg.topk_kl_coef and teacher_scores not in stages:
+        return stages + (teacher_scores,)
+    return stages
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
