@@ -9,9 +9,6 @@ GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
 
 from __future__ import annotations
 
-import os
-import tempfile
-import uuid
 from typing import Any
 
 from buffer.actor import SampleBatch, fetch_samples
@@ -31,29 +28,60 @@ def shard_by_episode(samples: list, rank: int, world_size: int) -> list:
 
 
 class LearnerRank:
-    """Actor body: joins the process group, then owns one Trainer."""
+    """Actor body: joins the process group (`join`), then owns one Trainer."""
 
-    def __init__(self, rank: int, world_size: int, store_path: str, config: LearnerConfig, model: ModelConfig,
-                 backend: str = "gloo") -> None:
-        """`store_path`: the rendezvous file of the group on the ranks' node (the plan keeps the
-        learner ranks on one node). A file, not torch's TCPStore, whose server listens on every
-        interface whatever address it is given (seen with `ss`), while every listener of a job
-        stays on 127.0.0.1."""
+    def __init__(self, rank: int, world_size: int, config: LearnerConfig, model: ModelConfig) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.config, self.model_config = config, model
+        self.name = f"learner-{rank}"
+        self._listener = None
+        self.trainer: Trainer | None = None
+
+    def listen(self) -> tuple[str, int]:
+        """Rank 0: bind the group's rendezvous port on this node's address as Ray reports it
+        (127.0.0.1 on the embedded node; the node's cluster address elsewhere), which every
+        rank on any node can reach. The socket is handed to torch's TCPStore in `join`: given
+        a host and port alone, its server listens on every interface."""
+        import socket
+
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        self._listener = socket.create_server((host, 0), backlog=self.world_size + 8)
+        return host, self._listener.getsockname()[1]
+
+    def join(self, address: tuple[str, int], timeout_s: float) -> str:
+        """Form the process group through rank 0's store at `address`, then build the Trainer;
+        returns this rank's Ray node id. The device is what this process has: CUDA (NCCL) where
+        Ray gave it a GPU torch can use, else CPU (gloo) -- so declared GPUs without CUDA (the
+        simulated cluster, docs/architecture.md) run the same placement on CPU."""
+        from datetime import timedelta
+
+        import ray
         import torch
         import torch.distributed as dist
 
         from cluster.metrics import ActorMetrics
 
-        device = "cuda" if backend == "nccl" else "cpu"
-        if device == "cuda":
+        cuda = torch.cuda.is_available()
+        if cuda:
             torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU
-        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size)
-        self.trainer = Trainer(config, model, device=device)
-        self.name = f"learner-{rank}"
+        host, port = address
+        timeout = timedelta(seconds=timeout_s)
+        if self.rank == 0:
+            assert self._listener is not None, "listen() runs on rank 0 before join()"
+            store = dist.TCPStore(host, port, self.world_size, is_master=True, timeout=timeout,
+                                  master_listen_fd=self._listener.detach())
+        else:
+            store = dist.TCPStore(host, port, self.world_size, is_master=False, timeout=timeout)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank,
+                                world_size=self.world_size, timeout=timeout)
+        self.trainer = Trainer(self.config, self.model_config, device="cuda" if cuda else "cpu")
         self.metrics = ActorMetrics("learner", self.name)
+        return ray.get_runtime_context().get_node_id()
 
     def __repr__(self) -> str:  # the dashboard's Repr column
-        return f"LearnerRank({self.name}, v{self.trainer.version})"
+        return f"LearnerRank({self.name}, v{self.trainer.version if self.trainer else '-'})"
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
               lr: float | None = None) -> dict[str, float]:
@@ -66,14 +94,16 @@ class LearnerRank:
         return stats
 
     def publish(self) -> list | None:
-        """Rank 0 returns [ObjectRef] of the full state dict as numpy arrays (read zero-copy by
-        the workers); other ranks take part in the gather and return None."""
+        """Rank 0 returns [ObjectRef] of the full state dict in `model.dtype` (`PublishedWeights`,
+        read zero-copy by the workers); other ranks take part in the gather and return None."""
         import ray
+
+        from actors.engine import PublishedWeights
 
         state = self.trainer.full_state_dict()
         if self.trainer.rank != 0:
             return None
-        return [ray.put({k: v.numpy() for k, v in state.items()})]
+        return [ray.put(PublishedWeights.from_state_dict(state))]
 
     def version(self) -> int:
         return self.trainer.version
@@ -100,14 +130,15 @@ class LearnerGroup:
     """Driver-side handle on N learner ranks."""
 
     def __init__(self, num_ranks: int, config: LearnerConfig, model: ModelConfig, num_cpus: float = 1.0,
-                 num_gpus: float = 0.0, placement: list[Any] | None = None, named: bool = False) -> None:
-        """`named`: rank r is the named actor `learner-<r>` (in the job's namespace)."""
+                 num_gpus: float = 0.0, placement: list[Any] | None = None, named: bool = False,
+                 join_timeout_s: float = 600.0) -> None:
+        """`named`: rank r is the named actor `learner-<r>` (in the job's namespace). The ranks may
+        land on any nodes: they meet at rank 0's node address (`LearnerRank.listen`). `node_ids`:
+        each rank's Ray node id."""
         import ray
 
         if num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-        store_path = os.path.join(tempfile.gettempdir(), f"apprentice-learner-{uuid.uuid4().hex}")
-        backend = "nccl" if num_gpus > 0 else "gloo"
         actor = ray.remote(LearnerRank)
         self.ranks = []
         for r in range(num_ranks):
@@ -116,7 +147,9 @@ class LearnerGroup:
                 options["name"] = f"learner-{r}"
             if placement is not None:
                 options["scheduling_strategy"] = placement[r]
-            self.ranks.append(actor.options(**options).remote(r, num_ranks, store_path, config, model, backend))
+            self.ranks.append(actor.options(**options).remote(r, num_ranks, config, model))
+        address = ray.get(self.ranks[0].listen.remote())
+        self.node_ids: list[str] = self._all("join", address, join_timeout_s)
 
     def _all(self, method: str, *args) -> list:
         """The call on every rank. A rank that died fails the call at once (the others would

@@ -1,8 +1,16 @@
 """One learner rank: FSDP2 model, AdamW, micro-batched steps, weight export, checkpoints.
 
 Works in any torch.distributed process group (gloo on CPU, NCCL on GPU), also of size 1.
-The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root (bf16
-parameters with fp32 gradient reduction on GPU; fp32 on CPU).
+The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root. Mixed
+precision follows `model.dtype`, on any device: the parameters FSDP shards -- the optimizer's
+master weights, and AdamW's moments with them -- are always fp32; forward and backward run in
+`model.dtype` (FSDP2's `MixedPrecisionPolicy(param_dtype=...)`), gradients are reduced in fp32.
+Kept in bf16, a 1e-6 update of a weight near 1 rounds away (bf16 has 8 mantissa bits: its step
+at 1.0 is 2^-7). Published weights and HF exports are cast to `model.dtype`; checkpoints keep
+the fp32 masters, so a resumed run continues bit for bit (docs/architecture.md, "Precision").
+
+A step whose global loss or gradient norm is not finite changes nothing: the gradients are
+dropped, the optimizer, schedule and version stay, and the step's stats say `skipped`.
 
 A step: this rank's sequences are split into micro-batches under a token budget; each
 micro-batch's loss sum is divided by the *global* number of loss units (all-reduced before
@@ -197,14 +205,17 @@ class Trainer:
         torch.manual_seed(config.seed)
         if config.num_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        self.model = (load_model(model, device=str(self.device)) if module is None
-                      else module.to(self.device)).train()
+        self.compute_dtype = getattr(torch, model.dtype)
+        """Dtype of forward/backward, of published weights and of the HF export."""
+        master = model.model_copy(update={"dtype": "float32"})
+        self.model = (load_model(master, device=str(self.device)) if module is None
+                      else module.to(self.device, torch.float32)).train()
         if config.activation_checkpointing:
             # Non-reentrant checkpointing composes with FSDP2's per-block all-gathers.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_token_id = self.model.config.pad_token_id or 0
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if self.device.type == "cuda" else MixedPrecisionPolicy()
+        mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32) \
+            if self.compute_dtype != torch.float32 else MixedPrecisionPolicy()
         for layer in self.model.model.layers:
             fully_shard(layer, mp_policy=mp)
         fully_shard(self.model, mp_policy=mp)
@@ -295,19 +306,23 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         lr = self.scheduler.get_last_lr()[0] if lr is None else lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
         totals = dict(zip(sums, self._all_sum(list(sums.values()))))
+        # Both are global (all-reduced), so every rank takes the same branch.
+        skipped = not (math.isfinite(totals["loss"]) and math.isfinite(float(grad_norm)))
+        if not skipped:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.scheduler.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
         tokens = max(totals["loss_tokens"], 1.0)
         if num_turn_slots:
             dist.all_reduce(kl_by_turn)
             dist.all_reduce(tokens_by_turn)
         return {
             "version": self.version,
+            "skipped": skipped,
             "loss": totals["loss"] / global_units,
             "grad_norm": float(grad_norm),
             "lr": lr,
@@ -340,10 +355,14 @@ class Trainer:
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights with HF names, on CPU; complete on rank 0, empty elsewhere (a collective)."""
+        """Unsharded weights with HF names, on CPU, in `model.dtype` (the masters cast once, on the
+        gathering rank: what an engine loads, at the engines' size); complete on rank 0, empty
+        elsewhere (a collective)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: tensor.to(self.compute_dtype) if tensor.is_floating_point() else tensor
+                for name, tensor in state.items()}
 
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Atomic distributed checkpoint: written to `<dir>.tmp`, renamed when every rank is done."""

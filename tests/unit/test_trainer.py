@@ -233,3 +233,66 @@ def test_response_tail_splits_each_response_of_each_row_in_halves():
     expected = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
     assert torch.equal(response_tail(mask, turns), expected)
     assert not response_tail(torch.zeros(1, 3, dtype=torch.bool), torch.zeros(1, 3, dtype=torch.long)).any()
+
+
+NANO_BF16 = ModelConfig(path="tiny:nano", dtype="bfloat16")
+
+
+def full_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The fp32 master weights, unsharded."""
+    return {name: p.full_tensor().detach().clone() for name, p in trainer.model.named_parameters()}
+
+
+def test_a_bf16_policy_keeps_fp32_masters_so_a_1e6_update_is_not_rounded_away(trajectories):
+    # In bf16 itself the update is lost: the spacing of bf16 numbers at 1.0 is 2^-7.
+    one = torch.tensor(1.0, dtype=torch.bfloat16)
+    assert one - 1e-6 == one
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-6), NANO_BF16)
+    before = full_weights(trainer)
+    assert {w.dtype for w in before.values()} == {torch.float32}
+    trainer.train_step(sequences(trajectories))
+    after = full_weights(trainer)
+    norm = "model.norm.weight"  # RMSNorm weights start at exactly 1.0
+    assert (before[norm] == 1.0).all() and (after[norm] != before[norm]).any()
+    moved = sum(int((after[k] != before[k]).sum()) for k in before)
+    assert moved > 0.5 * sum(w.numel() for w in before.values())
+    states = [s for s in trainer.optimizer.state.values()]
+    assert states and all(s["exp_avg"].dtype == torch.float32 for s in states)
+    # Forward and backward run in bf16: what the engines get is the masters' bf16 cast.
+    published = trainer.full_state_dict()
+    assert {v.dtype for v in published.values()} == {torch.bfloat16}
+    assert torch.equal(published[norm], after[norm].to(torch.bfloat16))
+
+
+def test_bf16_weights_publish_as_their_own_bytes_and_load_back_equal(trajectories):
+    import pickle
+
+    from actors.engine import PublishedWeights, weights_as_tensors
+
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3), NANO_BF16)
+    trainer.train_step(sequences(trajectories))
+    state = trainer.full_state_dict()
+    published = PublishedWeights.from_state_dict(state)
+    # Ray stores it with pickle protocol 5 (numpy buffers out of band): 2 bytes a parameter.
+    assert sum(a.nbytes for a in published.arrays.values()) == sum(2 * v.numel() for v in state.values())
+    loaded = weights_as_tensors(pickle.loads(pickle.dumps(published, protocol=5)))
+    assert loaded.keys() == state.keys()
+    for name, tensor in state.items():
+        assert loaded[name].dtype == torch.bfloat16 and torch.equal(loaded[name], tensor)
+    engine_model = load_model(NANO_BF16)
+    engine_model.load_state_dict(loaded)
+    assert torch.equal(engine_model.state_dict()["model.norm.weight"], state["model.norm.weight"])
+
+
+def test_a_nan_loss_skips_the_step_and_changes_nothing(trajectories):
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd"), lr=1e-3), NANO)
+    poisoned = [dataclasses.replace(t, turns=tuple(
+        dataclasses.replace(turn, teacher_logprobs=tuple(float("nan") for _ in turn.behaviour_logprobs))
+        for turn in t.turns)) for t in trajectories]
+    before = full_weights(trainer)
+    stats = trainer.train_step(sequences(poisoned))
+    assert stats["skipped"] and stats["version"] == 0 and trainer.version == 0
+    assert all(torch.equal(before[k], w) for k, w in full_weights(trainer).items())
+    assert all(not s for s in trainer.optimizer.state.values())  # AdamW never stepped
+    stats = trainer.train_step(sequences(trajectories))
+    assert not stats["skipped"] and stats["version"] == 1
