@@ -77,6 +77,9 @@ class RunConfig(BaseModel):
     """Stop (checkpoint, export) once the warm start and loop have run this long; None: no limit.
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    """Stop the run (checkpointed) after this many learner steps in a row with a non-finite loss
+    or gradient norm; each is skipped (no update, no publish) and counted (`nonfinite_steps`)."""
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
     """None: no Prometheus endpoint."""
@@ -280,7 +283,7 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
     stopped on a failure it names). `finish` runs on the trained run before its actors stop
     (jobs.build_teacher measures the teacher there)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from jobs.training import TrainingRun, latest_checkpoint
+    from jobs.training import NonFiniteTraining, TrainingRun, latest_checkpoint
 
     try:  # before any actor starts
         preflight(config)
@@ -319,6 +322,9 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         run.loop(should_stop)
         if finish is not None:
             finish(run)
+    except NonFiniteTraining as exc:
+        print(f"run stopped: {exc}", file=sys.stderr, flush=True)
+        return 1
     except ray.exceptions.RayActorError as exc:
         message = run.stop_message(exc)
         if message is None:

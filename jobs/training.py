@@ -65,6 +65,10 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return path
 
 
+class NonFiniteTraining(RuntimeError):
+    """The learner's loss or gradient norm stayed non-finite for run.max_nonfinite_steps steps."""
+
+
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
@@ -145,6 +149,9 @@ class TrainingRun:
         """The buffer's counters at the last step."""
         self._judge_seen: dict[str, int] = {}
         """The judge's counters at the last step."""
+        self.nonfinite_steps = 0
+        """Learner steps skipped for a non-finite loss or gradient norm (this run and the ones it resumed)."""
+        self._nonfinite_in_row = 0
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -195,6 +202,7 @@ class TrainingRun:
         metrics = self.dir / "metrics.parquet"
         if metrics.exists():
             self.rows = [r for r in read_records(metrics) if r.version <= self.version]
+            self.nonfinite_steps = (self.rows[-1].nonfinite_steps or 0) if self.rows else 0
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if self.teacher_retired:
             print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
@@ -285,6 +293,10 @@ class TrainingRun:
                 if batch.num_samples == 0:
                     continue
             stats = self.learner.train(batch, self.learner_algorithm)
+            if stats["skipped"]:
+                self._skip_nonfinite_step(stats)
+                continue
+            self._nonfinite_in_row = 0
             self.version = int(stats["version"])
             sync = 0.0
             if self.version % run.publish_every == 0:
@@ -313,6 +325,21 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _skip_nonfinite_step(self, stats: dict) -> None:
+        """A step whose loss or gradient norm was not finite changed nothing (learner.trainer): no
+        publish, no new version; counted, and the run stops after run.max_nonfinite_steps in a row."""
+        self.nonfinite_steps += 1
+        self._nonfinite_in_row += 1
+        self.metrics.inc("nonfinite_steps", 1)
+        limit = self.config.run.max_nonfinite_steps
+        print(f"step skipped at version {self.version}: loss {stats['loss']} grad_norm {stats['grad_norm']} "
+              f"({self._nonfinite_in_row} in a row, {self.nonfinite_steps} in all)", flush=True)
+        if self._nonfinite_in_row >= limit:
+            raise NonFiniteTraining(
+                f"{limit} learner steps in a row had a non-finite loss or gradient norm (last: loss "
+                f"{stats['loss']}, grad_norm {stats['grad_norm']}) at version {self.version}; lower learner.lr, "
+                f"check the teacher's log-probs, or raise run.max_nonfinite_steps")
 
     def _gap_since_eval(self, row: StepRecord) -> float:
         """K_n: mean reverse KL over the steps since the previous evaluation, this one included."""
@@ -384,7 +411,7 @@ class TrainingRun:
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
             buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
-            num_rollout_workers=len(worker_stats), **totals, **judge, **gauges)
+            num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps, **totals, **judge, **gauges)
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +31,12 @@ class TokenScores:
     (-1 pads a position with fewer candidates); None when top-k was not asked for."""
     topk_logprobs: tuple[tuple[float, ...], ...] | None = None
     """Their log-probs, shape [num_response_tokens, k] (0 on padding)."""
+
+    def valid(self, tolerance: float = 1e-3) -> bool:
+        """Every log-prob finite and at most 0 (+ numerical slack): a NaN, an infinity or a
+        positive value is a broken teacher (a bf16 overflow, a server bug), never a confident one."""
+        values = list(self.logprobs) + [v for row in self.topk_logprobs or () for v in row]
+        return all(math.isfinite(v) and v <= tolerance for v in values)
 
     def slice(self, start: int, stop: int) -> "TokenScores":
         """The scores of response tokens [start, stop)."""

@@ -190,14 +190,16 @@ class TeacherService:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._latencies: deque[float] = deque(maxlen=2048)
-        self._num_requests = self._num_batches = self._num_turns = 0
+        self._num_requests = self._num_batches = self._num_turns = self._num_rejected = 0
         self._batch_sizes: deque[int] = deque(maxlen=2048)
 
     def __repr__(self) -> str:  # the dashboard's Repr column
         return f"TeacherService({self.name}, {self.config.backend})"
 
-    async def score(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        """The trajectories with teacher log-probs on every turn."""
+    async def score(self, trajectories: list[Trajectory]) -> list[Trajectory | None]:
+        """The trajectories with teacher log-probs on every turn; None in place of one whose
+        scores are not valid log-probs (`TokenScores.valid`): rejected here, where they enter,
+        and counted (`num_rejected`), so no NaN reaches a loss."""
         loop = asyncio.get_running_loop()
         if self._task is None:
             self._wake = asyncio.Event()
@@ -244,7 +246,13 @@ class TeacherService:
             self.metrics.set("teacher_batch_turns", turns)
             now, i = time.monotonic(), 0
             for trajs, future, start in batch:
-                future.set_result([with_teacher_logprobs(t, s) for t, s in zip(trajs, scores[i:i + len(trajs)])])
+                scored = [with_teacher_logprobs(t, s) if all(turn.valid() for turn in s) else None
+                          for t, s in zip(trajs, scores[i:i + len(trajs)])]
+                rejected = scored.count(None)
+                if rejected:
+                    self._num_rejected += rejected
+                    self.metrics.inc("teacher_rejected_trajectories", rejected)
+                future.set_result(scored)
                 i += len(trajs)
                 self._latencies.append(now - start)
                 self.metrics.observe("teacher_request_seconds", now - start)
@@ -259,6 +267,7 @@ class TeacherService:
             "num_requests": self._num_requests,
             "num_batches": self._num_batches,
             "num_turns_scored": self._num_turns,
+            "num_rejected": self._num_rejected,
             "mean_batch_turns": float(np.mean(self._batch_sizes)) if self._batch_sizes else 0.0,
             "queue_depth": len(self._queue),
             "latency_p50_s": float(np.percentile(lat, 50)),

@@ -15,7 +15,7 @@ def record(version: int, **totals) -> StepRecord:
                 learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4, num_rollout_workers=1,
                 episodes=0, successes=0, turns=0, format_errors=0, rollout_tokens=0, prompt_tokens=0,
                 buffer_put=0, buffer_consumed=0, dropped_stale=0, evicted=0, duplicate_groups=0, duplicate_turns=0,
-                rollout_failed_runs=0, teacher_restarts=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=None, format_error_rate=None, memory_turns=0, memory_format_error_rate=None,
+                rollout_failed_runs=0, teacher_restarts=0, nonfinite_steps=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=None, format_error_rate=None, memory_turns=0, memory_format_error_rate=None,
                 prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, reverse_kl_by_turn=[0.5, None],
                 format_error_rate_by_turn=[0.0], response_tokens_per_turn=None, turns_to_success=None,
                 reverse_kl_head=0.4, reverse_kl_tail=0.6, student_logprob_head=-0.5, student_logprob_tail=-0.9,

@@ -382,3 +382,25 @@ def test_nesting_turns_are_scored_in_one_pass_with_the_same_logprobs(tok, model)
     scores = ModelTeacher(backend).score_trajectories([windowed])[0]
     assert len(backend.seen) == 3  # turns 0-1 packed; turn 2 and turn 3 on their own
     assert [len(s.logprobs) for s in scores] == [len(t.response_ids) for t in windowed.turns]
+
+
+def test_the_service_rejects_non_finite_or_positive_teacher_logprobs_and_counts_them(tok):
+    traj = expert_trajectory(tok, seed=1, num_turns=2)
+
+    class Broken:
+        """Trajectory "nan" gets a NaN on its last token, "pos" a positive log-prob."""
+
+        def score_trajectories(self, trajectories, top_k=0):
+            bad = {"nan": float("nan"), "pos": 0.7}
+            return [[TokenScores(tuple(-0.5 for _ in turn.response_ids[:-1])
+                                 + (bad.get(t.trajectory_id, -0.5),)) for turn in t.turns] for t in trajectories]
+
+    async def main():
+        service = TeacherService(TeacherConfig(batch_window_s=0.0), Broken())
+        out = await service.score([dataclasses.replace(traj, trajectory_id=i) for i in ("ok", "nan", "pos")])
+        return out, await service.stats()
+
+    (ok, nan, pos), stats = asyncio.run(main())
+    assert nan is None and pos is None and stats["num_rejected"] == 2
+    assert all(turn.teacher_logprobs is not None for turn in ok.turns)
+    assert not TokenScores((-0.1,), ((1,),), ((float("-inf"),),)).valid()  # top-k log-probs count too
