@@ -150,10 +150,17 @@ class JobConfig(BaseModel):
         if self.rollout.segments:
             ALGORITHMS[algorithm.name].segment_stage_factories(algorithm)  # raises for algorithms without them
         rollout = self.rollout
-        if rollout.engine == "vllm" and rollout.loop.max_context_tokens > rollout.vllm.max_model_len:
-            # vLLM rejects a longer prompt with an error, which would fail the worker mid-run.
-            raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
-                             f"rollout.vllm.max_model_len ({rollout.vllm.max_model_len})")
+        # vLLM rejects a longer prompt with an error, which would fail the worker (or the teacher
+        # scoring a whole turn, prompt and response: the same budget) mid-run.
+        contexts = [("rollout.vllm.max_model_len", rollout.vllm.max_model_len)] if rollout.engine == "vllm" else []
+        contexts += [(f"{where}.vllm.max_model_len", t.vllm.max_model_len)
+                     for where, t in [("teacher", self.teacher)] + [(f"teacher_routes[{i}].teacher", r.teacher)
+                                                                     for i, r in enumerate(self.teacher_routes)]
+                     if t is not None and t.backend == "vllm"]
+        for where, length in contexts:
+            if rollout.loop.max_context_tokens > length:
+                raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
+                                 f"{where} ({length})")
         env_plan, plan = self.cluster.plan.env, self.cluster.plan
         if env_plan.count and not rollout.env_actors:
             raise ValueError("cluster.plan.env reserves bundles for environment actors but rollout.env_actors is "
@@ -185,7 +192,11 @@ def preflight(config: JobConfig) -> None:
         if teacher.backend == "remote":
             from teacher.remote import check_server
 
-            check_server(teacher.remote, load_tokenizer(config.model))
+            _, max_len = check_server(teacher.remote, load_tokenizer(config.model))
+            if max_len and config.rollout.loop.max_context_tokens > max_len:
+                raise ValueError(f"rollout.loop.max_context_tokens ({config.rollout.loop.max_context_tokens}) is "
+                                 f"longer than the remote teacher's context at {teacher.remote.url} ({max_len} "
+                                 f"tokens): it would refuse to score long turns")
         elif teacher.backend != "oracle":
             load_tokenizer(teacher.model)
             manifest = check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env,

@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from actors.vllm_engine import VLLMConfig
 from buffer.contracts import Trajectory
 from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import PromptConfig
@@ -39,6 +40,8 @@ class TeacherConfig(BaseModel):
     backend: Literal["oracle", "hf", "vllm", "remote"] = "oracle"
     model: ModelConfig = ModelConfig()
     """Teacher weights (hf and vllm backends); must share the student's tokenizer."""
+    vllm: VLLMConfig = VLLMConfig()
+    """How the vllm backend's in-process engine starts (dtype, max_model_len, memory share)."""
     remote: RemoteConfig = RemoteConfig()
     """The server of the remote backend (an OpenAI-compatible API with vLLM's prompt log-probs)."""
     oracle: OracleConfig = OracleConfig()
@@ -164,10 +167,10 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: 
 
             backend = HFTeacherBackend(load_model(config.model), teacher_tok.pad_token_id, config.max_batch_tokens)
         else:
-            from actors.vllm_engine import VLLMConfig, VLLMEngine
+            from actors.vllm_engine import VLLMEngine
             from teacher.backends import VLLMTeacherBackend
 
-            engine = VLLMEngine(resolve_model_dir(config.model), VLLMConfig(),
+            engine = VLLMEngine(resolve_model_dir(config.model), config.vllm,
                                 [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
             backend = VLLMTeacherBackend(engine)
     prompts = None

@@ -50,6 +50,8 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.loop.max_context_tokens=4096"], r"max_context_tokens \(4096\) must be <= rollout.vllm.max_model_len"),
+    (["teacher.backend=vllm", "teacher.vllm.max_model_len=512"],
+     r"max_context_tokens \(\d+\) must be <= teacher.vllm.max_model_len \(512\)"),
     (["env.room_size=2"], "env.room_size"),
     (["rollout.loop.prompt.tools=json"], "rollout.loop.prompt.tools"),
     (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
