@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -39,9 +39,20 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {key}: the value {raw!r} is not valid YAML ({exc})") from None
 
 
+def _validate(model: type[ConfigT], data: dict[str, Any]) -> ConfigT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
 def load_config(model: type[ConfigT], path: str | Path | None = None,
-                overrides: list[str] | tuple[str, ...] = ()) -> ConfigT:
-    """Read YAML (optional), apply overrides, validate; raises ConfigError naming the keys."""
+                overrides: list[str] | tuple[str, ...] = (),
+                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ConfigT:
+    """Read YAML (optional), apply overrides, validate; raises ConfigError naming the keys.
+
+    `transform` rewrites the file's validated config (as `model_dump(mode="json")`, every default
+    filled in) before the overrides apply, so values given on the command line win over it."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -54,12 +65,11 @@ def load_config(model: type[ConfigT], path: str | Path | None = None,
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = loaded or {}
+    if transform is not None:
+        data = transform(_validate(model, data).model_dump(mode="json"))
     for override in overrides:
         apply_override(data, override)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+    return _validate(model, data)
 
 
 def format_validation_error(exc: ValidationError) -> str:

@@ -1,7 +1,7 @@
 """Train an agent: rollout workers, teacher service, replay buffer and learner ranks on Ray.
 
     python -m jobs.train [--config jobs/configs/babyai_opd_tiny.yaml] [key.sub=value ...]
-                         [--dry-run] [--resume RUN_DIR]
+                         [--dry-run] [--resume RUN_DIR] [--miniature [--keep-gpus]]
 
 An optional warm start (jobs.warm_start: SFT on the bot's demonstrations) runs first and
 publishes its weights; then the loop.
@@ -270,13 +270,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML file with JobConfig sections")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and resource plan")
     parser.add_argument("--resume", help="continue the run in this directory from its latest checkpoint")
+    parser.add_argument("--miniature", action="store_true",
+                        help="run the preset in miniature (jobs/miniature.py): tiny models, 2 steps, the same "
+                             "plan, dtypes and code path, GPUs turned into CPU shares")
+    parser.add_argument("--keep-gpus", action="store_true",
+                        help="with --miniature: keep the plan's GPUs as Ray resources (a cluster that declares them)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     args = parser.parse_args(argv)
     config_path = args.config
     if args.resume and not config_path:
         config_path = str(Path(args.resume) / "config.yaml")
+    transform = None
+    if args.keep_gpus and not args.miniature:
+        parser.error("--keep-gpus goes with --miniature")
+    if args.miniature:
+        from jobs.miniature import miniature
+
+        def transform(data: dict) -> dict:
+            return miniature(data, num_cpus=data["cluster"]["num_cpus"], gpus="gpus" if args.keep_gpus else "cpu")
     try:
-        config = load_config(JobConfig, config_path, args.overrides)
+        config = load_config(JobConfig, config_path, args.overrides, transform)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

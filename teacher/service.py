@@ -283,6 +283,7 @@ class _ServiceActor(TeacherService):
 
     def __init__(self, config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig, name: str,
                  prompt: PromptConfig = PromptConfig()) -> None:
+        self.name, self.config = name, config  # the actor's repr, also when building the scorer fails
         super().__init__(config, build_scorer(config, student_model, env_config, prompt), name)
 
 
