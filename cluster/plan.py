@@ -5,7 +5,8 @@ seeds' 8-GPU split (4 rollout engines, 2 learner ranks, 2 teacher GPUs). Environ
 (`rollout.env_actors`, for slow environments such as ALFWorld) are a role of their own, so
 their CPUs are reserved with the rest instead of being taken from the engines'. A plan is checked
 against `ray.cluster_resources()` before any actor starts, and reserved as one placement
-group (a bundle per actor), so a plan that cannot fit fails fast with the numbers.
+group (a bundle per actor; `spread_learner` gives the learner ranks a STRICT_SPREAD group of their
+own), so a plan that cannot fit fails fast with the numbers.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class ResourcePlan(BaseModel):
     unreserved (they then take no CPUs from the plan)."""
     rollout_tensor_parallel: int = Field(default=1, ge=1)
     """vLLM tensor parallelism of each rollout engine (GPU preset)."""
+    spread_learner: bool = False
+    """Put each learner rank on a node of its own (its bundles form a STRICT_SPREAD placement
+    group; the other roles still PACK): e.g. one rank per node on nodes of 4 GPUs, so each node
+    keeps host memory and NICs for rollout. The ranks then talk across nodes (NCCL/gloo over the
+    network: set NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, README). False: every bundle PACKs."""
 
     @model_validator(mode="before")
     @classmethod
@@ -74,13 +80,19 @@ class ResourcePlan(BaseModel):
         roles = [getattr(self, name) for name in ROLES]
         return {"CPU": sum(r.count * r.cpus for r in roles), "GPU": sum(r.count * r.gpus for r in roles)}
 
-    def bundles(self) -> list[dict[str, float]]:
-        """One bundle per actor that needs resources (zero-resource actors need no reservation)."""
+    def bundles(self, roles: tuple[str, ...] = ROLES) -> list[dict[str, float]]:
+        """One bundle per actor of `roles` that needs resources (zero-resource actors need no reservation)."""
         out = []
-        for role in (getattr(self, name) for name in ROLES):
+        for role in (getattr(self, name) for name in roles):
             if role.reserves:
                 out += [{k: v for k, v in (("CPU", role.cpus), ("GPU", role.gpus)) if v > 0}] * role.count
         return out
+
+    def groups(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The placement groups to reserve: (strategy, roles), in bundle order."""
+        if self.spread_learner and self.learner.reserves:
+            return [("PACK", tuple(r for r in ROLES if r != "learner")), ("STRICT_SPREAD", ("learner",))]
+        return [("PACK", ROLES)]
 
     def describe(self) -> str:
         lines = [f"resource plan ({self.preset}):"]
@@ -111,23 +123,29 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
-    """A placement group with one bundle per actor, and each role's scheduling strategies."""
+    """The placement groups of the plan (`ResourcePlan.groups`), and each role's scheduling strategies."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     plan.check(ray.cluster_resources())
-    bundles = plan.bundles()
-    group = placement_group(bundles, strategy="PACK")
-    if not group.wait(timeout_s):
-        raise TimeoutError(f"could not reserve {bundles} within {timeout_s} s\n{plan.describe()}")
-    strategies, index = {}, 0
-    for name in ROLES:
-        role = getattr(plan, name)
-        if not role.reserves:
-            strategies[name] = ["DEFAULT"] * max(role.count, 1)
+    groups, strategies = [], {}
+    for strategy, roles in plan.groups():
+        bundles = plan.bundles(roles)
+        if not bundles:
+            strategies.update({name: ["DEFAULT"] * max(getattr(plan, name).count, 1) for name in roles})
             continue
-        strategies[name] = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index + i)
-                            for i in range(role.count)]
-        index += role.count
-    return group, strategies
+        group = placement_group(bundles, strategy=strategy)
+        groups.append(group)
+        if not group.wait(timeout_s):
+            raise TimeoutError(f"could not reserve {bundles} ({strategy}) within {timeout_s} s\n{plan.describe()}")
+        index = 0
+        for name in roles:
+            role = getattr(plan, name)
+            if not role.reserves:
+                strategies[name] = ["DEFAULT"] * max(role.count, 1)
+                continue
+            strategies[name] = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index + i)
+                                for i in range(role.count)]
+            index += role.count
+    return groups, strategies

@@ -178,15 +178,19 @@ class JobConfig(BaseModel):
 
 def preflight(config: JobConfig) -> None:
     """Checks that need the machine rather than the config alone, before any actor starts:
-    the models and their tokenizers load (path, chat template), the environment builds and has
+    Hub models are fetched into the cache, the models and their tokenizers load (path, chat template), the environment builds and has
     the train and eval splits, and the metrics port is free. ValueError names the problem."""
     import importlib.util
     import socket
 
     from envs.privileged import PrivilegedContext
-    from learner.models import load_tokenizer, resolve_model_dir
+    from learner.models import fetch_model, load_tokenizer, resolve_model_dir
     from teacher.privileged import check_built_teacher
 
+    # Hub names are downloaded here, once, before any actor reads them from the cache.
+    for model in [config.model] + [t.model for t in config.teachers if t.backend in ("hf", "vllm")] + \
+            ([config.judge.serve.model] if config.judge is not None and config.judge.serve is not None else []):
+        fetch_model(model)
     load_tokenizer(config.model)
     for teacher in config.teachers:
         if teacher.backend == "remote":

@@ -89,7 +89,7 @@ class TrainingRun:
         if not resume:
             (self.dir / "config.yaml").write_text(dump_config(config))
         plan = config.cluster.plan
-        self.placement_group, strategies = reserve(plan)
+        self.placement_groups, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
         self.buffer = create_buffer_actor(config.buffer, name="buffer")
         algorithm = config.learner.algorithm
@@ -303,6 +303,10 @@ class TrainingRun:
                 start = time.perf_counter()
                 self.pool.publish_weights(self.learner.publish(), self.version)
                 sync = time.perf_counter() - start
+                if not self.rows:
+                    info = self.learner.published
+                    print(f"weights published in {'/'.join(info['dtypes'])}: {info['num_bytes'] / 2**20:.1f} MiB "
+                          f"into the object store, {sync:.2f} s", flush=True)
             ray.get(self.buffer.set_version.remote(self.version))
             versions = [v for vs in batch.policy_versions for v in vs]
             row = self._record(stats, versions, idle, sync, time.perf_counter() - last)
@@ -527,5 +531,6 @@ class TrainingRun:
             for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
                     ([self.judge] if self.judge is not None else []):
                 ray.kill(actor)
-            remove_placement_group(self.placement_group)
+            for group in self.placement_groups:
+                remove_placement_group(group)
             (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows)}))

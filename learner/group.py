@@ -93,9 +93,10 @@ class LearnerRank:
         self.metrics.set("opd_reverse_kl", stats["reverse_kl"])
         return stats
 
-    def publish(self) -> list | None:
-        """Rank 0 returns [ObjectRef] of the full state dict in `model.dtype` (`PublishedWeights`,
-        read zero-copy by the workers); other ranks take part in the gather and return None."""
+    def publish(self) -> tuple[list, dict[str, Any]] | None:
+        """Rank 0 returns ([ObjectRef] of the full state dict in `model.dtype` (`PublishedWeights`,
+        read zero-copy by the workers), {num_bytes, dtypes}); other ranks take part in the gather
+        and return None."""
         import ray
 
         from actors.engine import PublishedWeights
@@ -103,7 +104,10 @@ class LearnerRank:
         state = self.trainer.full_state_dict()
         if self.trainer.rank != 0:
             return None
-        return [ray.put(PublishedWeights.from_state_dict(state))]
+        weights = PublishedWeights.from_state_dict(state)
+        info = {"num_bytes": sum(a.nbytes for a in weights.arrays.values()),
+                "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})}
+        return [ray.put(weights)], info
 
     def version(self) -> int:
         return self.trainer.version
@@ -148,6 +152,7 @@ class LearnerGroup:
             if placement is not None:
                 options["scheduling_strategy"] = placement[r]
             self.ranks.append(actor.options(**options).remote(r, num_ranks, config, model))
+        self.published: dict[str, Any] = {}
         address = ray.get(self.ranks[0].listen.remote())
         self.node_ids: list[str] = self._all("join", address, join_timeout_s)
 
@@ -168,8 +173,10 @@ class LearnerGroup:
         return self._all("train", batch, algorithm, lr)[0]
 
     def publish(self):
-        """ObjectRef of the full state dict (rank 0's), ready for RolloutPool.publish_weights."""
-        return self._all("publish")[0][0]
+        """ObjectRef of the full state dict (rank 0's), ready for RolloutPool.publish_weights;
+        `published` then says its size and dtypes."""
+        refs, self.published = self._all("publish")[0]
+        return refs[0]
 
     def version(self) -> int:
         return self._all("version")[0]

@@ -133,7 +133,7 @@ def test_loading_errors_are_clear(tmp_path, nano):
     with pytest.raises(ValueError, match="unknown tiny preset"):
         resolve_model_dir(ModelConfig(path="tiny:huge"))
     with pytest.raises(ValueError, match="not a local model directory"):
-        resolve_model_dir(ModelConfig(path="Qwen/Qwen3-14B"))
+        resolve_model_dir(ModelConfig(path=str(tmp_path / "models" / "Qwen3-14B")))
     tok = load_tokenizer(nano)
     tok.chat_template = None
     tok.save_pretrained(tmp_path)
@@ -143,3 +143,27 @@ def test_loading_errors_are_clear(tmp_path, nano):
             (tmp_path / name).unlink()
     with pytest.raises(ValueError, match="no chat template"):
         load_tokenizer(ModelConfig(path=str(tmp_path)))
+
+
+def test_a_hub_name_resolves_through_the_hugging_face_cache(tmp_path, nano, monkeypatch):
+    """A hub-layout cache built from the tiny model (models--org--name/snapshots/<rev>, refs/main)."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    from learner.models import fetch_model
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-Nano" / "snapshots" / "0123abcd"
+    shutil.copytree(resolve_model_dir(nano), snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    hub = ModelConfig(path="Qwen/Qwen3-Nano", dtype="bfloat16")
+    assert resolve_model_dir(hub) == snapshot and fetch_model(hub) == snapshot
+    assert load_tokenizer(hub).encode("go to the red ball") == load_tokenizer(nano).encode("go to the red ball")
+    assert load_model(hub).dtype == torch.bfloat16
+    # Absent and offline: refused before anything loads, naming the cache it looked in.
+    for resolve in (resolve_model_dir, fetch_model):
+        with pytest.raises(ValueError, match=r"'Qwen/Qwen3-14B': not in the Hugging Face cache .*hub \(offline"):
+            resolve(ModelConfig(path="Qwen/Qwen3-14B"))
