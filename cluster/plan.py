@@ -89,9 +89,10 @@ class ResourcePlan(BaseModel):
         return out
 
     def groups(self) -> list[tuple[str, tuple[str, ...]]]:
-        """The placement groups to reserve: (strategy, roles), in bundle order."""
+        """The placement groups to reserve, in order: (strategy, roles). The spread learner goes
+        first: packed first, the other roles could fill a node and leave no room to spread."""
         if self.spread_learner and self.learner.reserves:
-            return [("PACK", tuple(r for r in ROLES if r != "learner")), ("STRICT_SPREAD", ("learner",))]
+            return [("STRICT_SPREAD", ("learner",)), ("PACK", tuple(r for r in ROLES if r != "learner"))]
         return [("PACK", ROLES)]
 
     def describe(self) -> str:

@@ -51,8 +51,8 @@ class LearnerRank:
         return host, self._listener.getsockname()[1]
 
     def join(self, address: tuple[str, int], timeout_s: float) -> str:
-        """Form the process group through rank 0's store at `address`, then build the Trainer;
-        returns this rank's Ray node id. The device is what this process has: CUDA (NCCL) where
+        """Form the process group through rank 0's store at `address` (each rank waits for the
+        others at most `timeout_s`), then build the Trainer; returns this rank's Ray node id. The device is what this process has: CUDA (NCCL) where
         Ray gave it a GPU torch can use, else CPU (gloo) -- so declared GPUs without CUDA (the
         simulated cluster, docs/architecture.md) run the same placement on CPU."""
         from datetime import timedelta
@@ -74,8 +74,7 @@ class LearnerRank:
                                   master_listen_fd=self._listener.detach())
         else:
             store = dist.TCPStore(host, port, self.world_size, is_master=False, timeout=timeout)
-        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank,
-                                world_size=self.world_size, timeout=timeout)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank, world_size=self.world_size)
         self.trainer = Trainer(self.config, self.model_config, device="cuda" if cuda else "cpu")
         self.metrics = ActorMetrics("learner", self.name)
         return ray.get_runtime_context().get_node_id()

@@ -154,3 +154,41 @@ def test_a_role_given_in_part_keeps_the_presets_other_keys():
     plan = ResourcePlan(preset="gpu-8", rollout={"cpus": 4})
     assert (plan.rollout.count, plan.rollout.cpus, plan.rollout.gpus) == (4, 4.0, 1.0)
     assert ResourcePlan(preset="cpu", teacher={"cpus": 0.25}).teacher.count == 1
+
+
+def test_a_spread_learner_gets_a_strict_spread_group_reserved_first():
+    from cluster.plan import ResourcePlan
+
+    plan = ResourcePlan(preset="gpu-8", spread_learner=True)
+    assert plan.groups() == [("STRICT_SPREAD", ("learner",)), ("PACK", ("rollout", "teacher", "judge", "env"))]
+    assert plan.bundles(("learner",)) == [{"CPU": 2.0, "GPU": 1.0}] * 2 and len(plan.bundles(plan.groups()[1][1])) == 6
+    assert ResourcePlan(preset="gpu-8").groups() == [("PACK", ("rollout", "teacher", "learner", "judge", "env"))]
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in __import__("pathlib").Path("jobs/configs").glob("*_gpu8.yaml")))
+def test_a_miniature_keeps_the_presets_structure_at_cpu_size(preset):
+    from jobs.miniature import miniature
+    from jobs.train import JobConfig
+
+    path = f"jobs/configs/{preset}"
+    full = load_config(JobConfig, path)
+    for gpus in ("cpu", "gpus"):
+        mini = load_config(JobConfig, path, ["run.steps=3"],
+                           transform=lambda data: miniature(data, num_cpus=2, gpus=gpus))
+        assert mini.run.steps == 3  # the command line wins over the miniature
+        for role in ("rollout", "teacher", "learner", "judge", "env"):
+            before, after = getattr(full.cluster.plan, role), getattr(mini.cluster.plan, role)
+            assert after.count == before.count and after.reserves == before.reserves, role
+            assert after.gpus == (before.gpus if gpus == "gpus" else 0.0), role
+        assert mini.cluster.plan.needs()["CPU"] <= 2 * 0.9 + 1e-9
+        assert mini.model.path == "tiny:nano" and mini.model.dtype == full.model.dtype == "bfloat16"
+        assert mini.rollout.engine == full.rollout.engine and mini.rollout.vllm.dtype == full.rollout.vllm.dtype
+        assert mini.rollout.group_size == full.rollout.group_size and mini.rollout.num_envs >= mini.rollout.group_size
+        assert mini.learner.algorithm.name == full.learner.algorithm.name
+        assert mini.buffer.max_staleness == full.buffer.max_staleness
+        assert (mini.teacher is None) == (full.teacher is None) and (mini.judge is None) == (full.judge is None)
+        if full.teacher is not None:
+            assert mini.teacher.backend == full.teacher.backend and mini.teacher.top_k == full.teacher.top_k
+            if full.teacher.backend == "vllm":
+                assert mini.teacher.model.path == "tiny:tiny" and mini.teacher.vllm.dtype == full.teacher.vllm.dtype
+        assert mini.env == full.env and mini.run.dir == full.run.dir + "-miniature"
