@@ -25,6 +25,8 @@ rendered from messages, and the window, not the whole episode, bounds its length
 
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
@@ -105,6 +107,19 @@ class Response:
     """Version of the weights that generated the response."""
     replayed: bool = False
     """An expert call replayed into the episode (TCOD-B2F), not the policy's: never trained."""
+
+    @property
+    def finite(self) -> bool:
+        """Whether every sampling log-prob is a log-prob (finite, at most 0 + slack). A response
+        the engine reports otherwise still acts in the environment, but is never trained on: its
+        importance ratios would be NaN or infinite (rejected where it enters)."""
+        return all(math.isfinite(lp) and lp <= 1e-3 for lp in self.logprobs)
+
+    @property
+    def trainable_logprobs(self) -> tuple[float, ...]:
+        """The log-probs a turn records: zeros in place of a non-finite response's, so no NaN
+        reaches a batch even masked (NaN x 0 is NaN)."""
+        return self.logprobs if self.finite else tuple(0.0 for _ in self.logprobs)
 
 
 @dataclass
@@ -484,8 +499,8 @@ def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None,
         ep.well_formed.append(ok)
         if response.prompt_ids is not None:
             ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
-                                 response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
-                                 policy_version=response.policy_version, well_formed=ok,
+                                 response_ids=response.response_ids, behaviour_logprobs=response.trainable_logprobs,
+                                 policy_version=response.policy_version, well_formed=ok, trainable=response.finite,
                                  finish_reason=response.finish_reason, stage="memory"))
         return
     observation = ep.observation
@@ -496,9 +511,9 @@ def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None,
                                   think=parsed.think, observation=observation))
     if response.prompt_ids is not None:
         ep.turns.append(Turn(turn_index=len(ep.turns), prompt_ids=response.prompt_ids,
-                             response_ids=response.response_ids, behaviour_logprobs=response.logprobs,
+                             response_ids=response.response_ids, behaviour_logprobs=response.trainable_logprobs,
                              policy_version=response.policy_version, well_formed=parsed.well_formed,
-                             trainable=not response.replayed,
+                             trainable=not response.replayed and response.finite,
                              finish_reason=response.finish_reason,
                              executed_call=None if parsed.call is None else
                              json.dumps({"name": parsed.call.name, "arguments": parsed.call.arguments})))

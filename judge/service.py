@@ -118,6 +118,8 @@ class JudgeService:
             score = self._cache[key]
         else:
             score = await self.backend.score(trajectory, turn)
+            if score is not None and not 0.0 <= score <= 1.0:  # NaN too: rejected here, judged neutral
+                score = None
             self._stats["num_turns_judged"] += 1
             self.metrics.inc("judge_turns", 1, result="ok" if score is not None else "neutral")
             if self.config.cache_size:

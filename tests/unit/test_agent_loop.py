@@ -10,7 +10,7 @@ from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, Response, ru
 from actors.engine import SamplingConfig
 from actors.expert import DemonstrationPolicy, ExpertPolicy
 from actors.hf_engine import HFEngine
-from buffer.expansion import can_pack, expand
+from buffer.expansion import can_pack, expand, to_sequences
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.protocol import ToolCall
@@ -271,3 +271,20 @@ def test_hf_engine_owns_its_seeded_random_stream(engine_and_tokenizer):
     assert first[0] != first[1]  # the second round continues the stream: new noise
     assert rounds(HFEngine(model, tok.pad_token_id, stops)) == first  # same seed, same rounds
     assert rounds(HFEngine(model, tok.pad_token_id, stops, seed_offset=1), 1)[0] != first[0]  # another worker
+
+
+def test_a_response_with_non_finite_engine_logprobs_acts_but_is_never_trained(engine_and_tokenizer):
+    engine, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=2, prompt=PromptConfig(history_window="all"))
+    policy = ModelPolicy(engine, tok, SamplingConfig(), loop)
+    scripted = ScriptedTokens(policy, '<tool_call>{"name":"turn_left","arguments":{}}</tool_call>')
+    poisoned = type("Poisoned", (), {"respond": lambda self, episodes: [
+        Response(r.text, r.prompt_ids, r.response_ids, (float("nan"),) + r.logprobs[1:], r.finish_reason, 7)
+        for r in scripted.respond(episodes)]})()
+    traj = run_episodes(BabyAITextEnv, tasks("train", [3]), poisoned, loop)[0].trajectory
+    assert traj.num_turns == 2 and all(t.well_formed and not t.trainable for t in traj.turns)
+    # Kept as context for later turns, with no token to train and no NaN (masked NaN x 0 is NaN).
+    sequences = to_sequences(expand(traj), packing=True)
+    assert all(not any(s.loss_mask) and all(math.isfinite(lp) for lp in s.behaviour_logprobs) for s in sequences)
+    clean = run_episodes(BabyAITextEnv, tasks("train", [3]), scripted, loop)[0].trajectory
+    assert all(t.trainable for t in clean.turns)

@@ -121,6 +121,15 @@ def test_the_service_judges_trainable_turns_once_and_counts_neutral_ones(tok):
     assert service.stats() == {"num_turns_judged": 3, "num_neutral": 2, "num_cache_hits": 3}
 
 
+def test_a_judge_score_that_is_nan_or_out_of_range_is_rejected_as_neutral(tok):
+    backend = CountingBackend({0: float("nan"), 2: 1.5, 3: 1.0})
+    service = JudgeService(JudgeConfig(), backend)
+    judged, = asyncio.run(service.judge([bot_trajectory(tok, 3, trainable={0, 2, 3})]))
+    rewards = [turn.turn_reward for turn in judged.turns]
+    assert rewards[0] == rewards[2] == pytest.approx(-0.5) and rewards[3] == pytest.approx(0.0)
+    assert service.stats()["num_neutral"] == 2
+
+
 class OpenAIStyle(JsonHandler):
     """A chat-completions endpoint whose answers the test scripts (a stand-in server for the
     client's retry and parsing logic; the real server path is tested against `vllm serve`)."""
