@@ -74,11 +74,6 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
         import torch
 
-        if not torch.cuda.is_available():
-            # On CPU the engine core runs in this process: a separate engine-core process costs a
-            # second vLLM import and start (24 s against 12 s per engine here, 5 s against 1 s to
-            # close) and overlaps nothing, the model's compute taking the same cores either way.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # vLLM logs several INFO lines per weight reload; a run reloads every step.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if config.cpu_omp_threads_bind is not None:
@@ -98,11 +93,23 @@ class VLLMEngine:
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=config.max_model_len)
         if config.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
-        self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,
-                       seed=config.seed, enforce_eager=config.enforce_eager,
-                       enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
-                       worker_extension_cls="actors.vllm_worker.WeightSyncExtension",
-                       gpu_memory_utilization=config.gpu_memory_utilization, **kwargs)
+        # On CPU the engine core runs in this process: a separate engine-core process costs a
+        # second vLLM import and start (24 s against 12 s per engine here, 5 s against 1 s to
+        # close) and overlaps nothing, the model's compute taking the same cores either way. vLLM
+        # reads the switch while it builds the engine; it is set for that call only, so servers
+        # this process starts later keep vLLM's default.
+        in_process = not torch.cuda.is_available() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,
+                           seed=config.seed, enforce_eager=config.enforce_eager,
+                           enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
+                           worker_extension_cls="actors.vllm_worker.WeightSyncExtension",
+                           gpu_memory_utilization=config.gpu_memory_utilization, **kwargs)
+        finally:
+            if in_process:
+                del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
         self._calls = 0
 
     @property
@@ -110,8 +117,8 @@ class VLLMEngine:
         return self._version
 
     def close(self) -> None:
-        """Stop the engine-core process now (left to interpreter exit, its shutdown logs into
-        closed streams and prints a 'Logging error' traceback)."""
+        """Stop the engine core now (a process on GPU: left to interpreter exit, its shutdown
+        logs into closed streams and prints a 'Logging error' traceback)."""
         self.llm.llm_engine.engine_core.shutdown()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:

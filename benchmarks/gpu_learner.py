@@ -138,8 +138,8 @@ def main() -> None:
         config = LearnerConfig(algorithm=AlgorithmConfig(name=args.loss), lr=1e-5,
                                micro_batch_tokens=args.micro_batch_tokens,
                                activation_checkpointing=args.activation_checkpointing)
-        # The model is built in fp32 (the optimizer's master weights); FSDP2 casts to bf16 on GPU.
-        trainer = Trainer(config, ModelConfig(), device=str(device),
+        # The model is built in fp32 (the optimizer's master weights); FSDP2 computes in bf16 on GPU.
+        trainer = Trainer(config, ModelConfig(dtype="bfloat16" if cuda else "float32"), device=str(device),
                           module=random_model(args.shape, "float32", str(device)))
         ceiling = matmul_ceiling_tflops(device, torch.bfloat16 if cuda else torch.float32)
         if cuda:

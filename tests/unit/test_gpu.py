@@ -68,7 +68,8 @@ def test_bf16_fsdp2_step_on_cuda_tracks_fp32_cpu(cpu_model):
             port = s.getsockname()[1]
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
         try:
-            trainer = Trainer(config, ModelConfig(), device=device, module=copy.deepcopy(cpu_model))
+            dtype = "bfloat16" if device == "cuda" else "float32"  # fp32 masters, bf16 compute on CUDA
+            trainer = Trainer(config, ModelConfig(dtype=dtype), device=device, module=copy.deepcopy(cpu_model))
             first = trainer.train_step(batch)
             second = trainer.train_step(batch)
             losses[device] = (first["loss"], second["loss"])
