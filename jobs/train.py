@@ -78,8 +78,9 @@ class RunConfig(BaseModel):
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
     max_nonfinite_steps: int = Field(default=3, ge=1)
-    """Stop the run (checkpointed) after this many learner steps in a row with a non-finite loss
-    or gradient norm; each is skipped (no update, no publish) and counted (`nonfinite_steps`)."""
+    """Stop the run after this many learner steps in a row with a non-finite loss or gradient norm
+    (its latest checkpoint holds the last finite version); each is skipped (no update, no publish)
+    and counted (`nonfinite_steps`)."""
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
     """None: no Prometheus endpoint."""
@@ -177,8 +178,9 @@ class JobConfig(BaseModel):
 
 
 def preflight(config: JobConfig) -> None:
-    """Checks that need the machine rather than the config alone, before any actor starts:
-    Hub models are fetched into the cache, the models and their tokenizers load (path, chat template), the environment builds and has
+    """Checks that need the machine rather than the config alone, before any actor starts: Hub
+    models are fetched into the cache, the models and their tokenizers load (path, chat
+    template), a remote teacher's context holds the prompt budget, the environment builds and has
     the train and eval splits, and the metrics port is free. ValueError names the problem."""
     import importlib.util
     import socket

@@ -1,7 +1,8 @@
 """Learner ranks as Ray actors forming one torch.distributed group, and the driver-side handle.
 
-Each rank receives the same `SampleBatch` (references only), reads the rows from the object
-store, keeps its share -- whole episodes, dealt round-robin, so packing still applies -- and
+The ranks may sit on any nodes: they meet at rank 0's node address (a TCPStore on a socket
+rank 0 bound there). Each rank receives the same `SampleBatch` (references only), reads the rows
+from the object store, keeps its share -- whole episodes, dealt round-robin, so packing still applies -- and
 runs `Trainer.train_step`. Rank 0 publishes full weights: it gathers the unsharded state
 dict once and puts it into the object store; rollout workers load that one object. (On
 GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
@@ -52,9 +53,10 @@ class LearnerRank:
 
     def join(self, address: tuple[str, int], timeout_s: float) -> str:
         """Form the process group through rank 0's store at `address` (each rank waits for the
-        others at most `timeout_s`), then build the Trainer; returns this rank's Ray node id. The device is what this process has: CUDA (NCCL) where
-        Ray gave it a GPU torch can use, else CPU (gloo) -- so declared GPUs without CUDA (the
-        simulated cluster, docs/architecture.md) run the same placement on CPU."""
+        others at most `timeout_s`), then build the Trainer; returns this rank's Ray node id.
+        The device is what this process has: CUDA (NCCL) where Ray gave it a GPU torch can use,
+        else CPU (gloo) -- so declared GPUs without CUDA (the simulated cluster,
+        docs/architecture.md) run the same placement on CPU."""
         from datetime import timedelta
 
         import ray

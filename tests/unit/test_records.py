@@ -68,3 +68,22 @@ def test_an_older_schema_reads_back_with_nulls(tmp_path):
     assert totals["teacher_restarts"] == 2 and totals["episodes"] == 5
     write_records(path, records)
     assert pq.read_table(path).schema.names == STEP_SCHEMA.names
+
+
+def test_non_finite_steps_are_counted_and_stop_the_run_after_the_limit_in_a_row():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from jobs.training import NonFiniteTraining, TrainingRun
+
+    exported = []
+    run = SimpleNamespace(nonfinite_steps=4, _nonfinite_in_row=0, version=7,
+                          metrics=SimpleNamespace(inc=lambda name, amount: exported.append((name, amount))),
+                          config=SimpleNamespace(run=SimpleNamespace(max_nonfinite_steps=3)))
+    nan = {"loss": float("nan"), "grad_norm": float("nan")}
+    TrainingRun._skip_nonfinite_step(run, nan)
+    TrainingRun._skip_nonfinite_step(run, nan)
+    with pytest.raises(NonFiniteTraining, match="3 learner steps in a row .* at version 7"):
+        TrainingRun._skip_nonfinite_step(run, nan)
+    assert run.nonfinite_steps == 7 and exported == [("nonfinite_steps", 1)] * 3
