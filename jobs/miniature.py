@@ -72,11 +72,12 @@ def _plan(plan: dict[str, Any], num_cpus: float, gpus: MiniatureGpus) -> dict[st
     return out
 
 
-def miniature(data: dict[str, Any], num_cpus: float, gpus: MiniatureGpus = "cpu") -> dict[str, Any]:
+def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: MiniatureGpus = "cpu") -> dict[str, Any]:
     """The resolved config `data` (`JobConfig.model_dump()`) of a preset, in miniature.
 
-    `num_cpus`: the CPUs of the cluster the miniature runs on (the embedded node's `cluster.num_cpus`
-    or the attached cluster's)."""
+    `num_cpus`: the CPUs the plan's bundles share (at most CPU_SHARE of them); default the
+    config's `cluster.num_cpus` (the embedded node's, 2 unless set)."""
+    num_cpus = data["cluster"]["num_cpus"] if num_cpus is None else num_cpus
     out = dict(data)
     out["model"] = _model(data["model"])
     rollout = data["rollout"]

@@ -286,14 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config
     if args.resume and not config_path:
         config_path = str(Path(args.resume) / "config.yaml")
-    transform = None
     if args.keep_gpus and not args.miniature:
         parser.error("--keep-gpus goes with --miniature")
+    transform = None
     if args.miniature:
+        from functools import partial
+
         from jobs.miniature import miniature
 
-        def transform(data: dict) -> dict:
-            return miniature(data, num_cpus=data["cluster"]["num_cpus"], gpus="gpus" if args.keep_gpus else "cpu")
+        transform = partial(miniature, gpus="gpus" if args.keep_gpus else "cpu")
     try:
         config = load_config(JobConfig, config_path, args.overrides, transform)
     except ConfigError as exc:
