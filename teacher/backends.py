@@ -61,9 +61,12 @@ def scores_from_prompt_logprobs(token_ids: list[int], rows: list[dict[int, tuple
     logprobs = tuple(rows[j][token_ids[j]][1] for j in positions)
     if not top_k:
         return TokenScores(logprobs)
-    ranked = [sorted((rank, token, lp) for token, (rank, lp) in rows[j].items() if rank <= top_k) for j in positions]
-    return TokenScores(logprobs, tuple(tuple(t for _, t, _ in r) for r in ranked),
-                       tuple(tuple(lp for _, _, lp in r) for r in ranked))
+    # Exactly k per position: ties at rank k can list one more (cut), a short row is padded (-1, 0).
+    ranked = [sorted((rank, token, lp) for token, (rank, lp) in rows[j].items() if rank <= top_k)[:top_k]
+              for j in positions]
+    padded = [r + [(top_k + 1, -1, 0.0)] * (top_k - len(r)) for r in ranked]
+    return TokenScores(logprobs, tuple(tuple(t for _, t, _ in r) for r in padded),
+                       tuple(tuple(lp for _, _, lp in r) for r in padded))
 
 
 class TeacherBackend(Protocol):

@@ -214,7 +214,6 @@ class TeacherService:
         return await future
 
     async def _batcher(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             if not self._queue:
                 self._wake.clear()
@@ -235,30 +234,40 @@ class TeacherService:
                 item = self._queue.popleft()
                 batch.append(item)
                 turns += sum(t.num_turns for t in item[0])
-            trajectories = [t for item in batch for t in item[0]]
             try:
-                scores = await loop.run_in_executor(None, self.scorer.score_trajectories, trajectories,
-                                                    self.config.top_k)
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting caller, not swallowed
+                await self._score_batch(batch, turns)
+            except Exception as exc:  # noqa: BLE001 - handed to this batch's callers; the batcher serves on
                 for _, future, _ in batch:
-                    future.set_exception(exc)
-                continue
-            self._num_batches += 1
-            self._num_turns += turns
-            self._batch_sizes.append(turns)
-            self.metrics.set("teacher_batch_turns", turns)
-            now, i = time.monotonic(), 0
-            for trajs, future, start in batch:
-                scored = [with_teacher_logprobs(t, s) if all(turn.valid() for turn in s) else None
-                          for t, s in zip(trajs, scores[i:i + len(trajs)])]
-                rejected = scored.count(None)
-                if rejected:
-                    self._num_rejected += rejected
-                    self.metrics.inc("teacher_rejected_trajectories", rejected)
-                future.set_result(scored)
-                i += len(trajs)
-                self._latencies.append(now - start)
-                self.metrics.observe("teacher_request_seconds", now - start)
+                    if not future.done():
+                        future.set_exception(exc)
+
+    async def _score_batch(self, batch: list, turns: int) -> None:
+        """Score one batch of requests and answer each caller. Any failure here, the backend's or
+        a malformed answer's, is the batch's alone (`_batcher` hands it to its callers)."""
+        trajectories = [t for item in batch for t in item[0]]
+        scores = await asyncio.get_running_loop().run_in_executor(None, self.scorer.score_trajectories,
+                                                                  trajectories, self.config.top_k)
+        if len(scores) != len(trajectories):
+            raise ValueError(f"teacher {self.name} returned scores for {len(scores)} of {len(trajectories)} "
+                             f"trajectories")
+        self._num_batches += 1
+        self._num_turns += turns
+        self._batch_sizes.append(turns)
+        self.metrics.set("teacher_batch_turns", turns)
+        answers, i = [], 0
+        for trajs, _, _ in batch:  # every answer built before any is sent: a failure fails them all
+            answers.append([with_teacher_logprobs(t, s) if all(turn.valid() for turn in s) else None
+                            for t, s in zip(trajs, scores[i:i + len(trajs)])])
+            i += len(trajs)
+        now = time.monotonic()
+        for (_, future, start), scored in zip(batch, answers):
+            rejected = scored.count(None)
+            if rejected:
+                self._num_rejected += rejected
+                self.metrics.inc("teacher_rejected_trajectories", rejected)
+            future.set_result(scored)
+            self._latencies.append(now - start)
+            self.metrics.observe("teacher_request_seconds", now - start)
 
     def _queued_turns(self) -> int:
         return sum(t.num_turns for item in self._queue for t in item[0])

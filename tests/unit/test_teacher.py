@@ -404,3 +404,35 @@ def test_the_service_rejects_non_finite_or_positive_teacher_logprobs_and_counts_
     assert nan is None and pos is None and stats["num_rejected"] == 2
     assert all(turn.teacher_logprobs is not None for turn in ok.turns)
     assert not TokenScores((-0.1,), ((1,),), ((float("-inf"),),)).valid()  # top-k log-probs count too
+
+
+def test_a_malformed_teacher_answer_fails_its_batch_and_the_service_serves_on(tok):
+    traj = expert_trajectory(tok, seed=1, num_turns=2)
+
+    class MalformedOnce:
+        def __init__(self):
+            self.calls = 0
+
+        def score_trajectories(self, trajectories, top_k=0):
+            self.calls += 1
+            if self.calls == 1:  # one trajectory's turns missing: no answer can be built
+                return [None for _ in trajectories]
+            return [[TokenScores(tuple(-0.5 for _ in turn.response_ids)) for turn in t.turns] for t in trajectories]
+
+    async def main():
+        service = TeacherService(TeacherConfig(batch_window_s=0.0), MalformedOnce())
+        with pytest.raises(TypeError):
+            await asyncio.wait_for(service.score([traj]), 5)
+        return await asyncio.wait_for(service.score([traj]), 5)  # the batcher is still alive
+
+    answer, = asyncio.run(main())
+    assert all(turn.teacher_logprobs is not None for turn in answer.turns)
+
+
+def test_top_k_rows_hold_exactly_k_entries_on_ties_and_short_rows():
+    from teacher.backends import scores_from_prompt_logprobs
+
+    rows = [None, {5: (1, -0.1), 6: (2, -2.0), 7: (2, -2.0), 9: (4, -3.0)}, {8: (1, -0.2)}]
+    scores = scores_from_prompt_logprobs([1, 5, 8], rows, num_response_tokens=2, top_k=2)
+    assert scores.topk_ids == ((5, 6), (8, -1)) and scores.topk_logprobs == ((-0.1, -2.0), (-0.2, 0.0))
+    assert scores.logprobs == (-0.1, -0.2) and scores.valid()
