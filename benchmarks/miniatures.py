@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,16 +97,19 @@ def main() -> int:
             env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
             proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            timer = threading.Timer(args.timeout_s, proc.terminate)  # SIGTERM: the job stops and says so
+            timer.start()
             first_step, lines = None, []
             for line in proc.stdout:
                 lines.append(line)
                 if first_step is None and line.startswith("step "):
                     first_step = time.perf_counter() - start
-            proc.wait(timeout=args.timeout_s)
+            proc.wait()
+            timer.cancel()
             wall = time.perf_counter() - start
         out = "".join(lines)
         published = re.search(r"weights published in ([\w/]+)", out)
-        ok = proc.returncode == 0 and '"final_version"' in out and (runs / name / "hf" / "config.json").is_file()
+        ok = proc.returncode == 0 and '"final_version": 2' in out and (runs / name / "hf" / "config.json").is_file()
         dtype_ok = published is not None and published.group(1) == config.model.dtype
         ok = ok and dtype_ok
         status = "ok" if ok else f"FAILED (exit {proc.returncode})"

@@ -11,7 +11,9 @@ and the HF export.
 
 What shrinks: every model becomes a tiny Qwen3 of the same layout (the student `tiny:nano`,
 teachers and judges `tiny:tiny`, one tokenizer), vLLM contexts and KV caches, episodes (turns, tokens),
-environments per worker, the batch, the run (2 steps, an evaluation and a checkpoint at step 2).
+environments per worker, the batch, the run (2 steps, an evaluation and a checkpoint at step 2);
+groups without reward variance are kept (a random tiny student fails every episode alike, and
+GRPO-style algorithms would otherwise drop every group and never step).
 A teacher built by `jobs.build_teacher` (RetireOPD) has no manifest in miniature, so its SR_T
 is taken as 1.0 unless the preset sets it. GPUs: by default the miniature turns each bundle's GPUs
 into a share of the CPUs, so the job fits the embedded 2-CPU node; `--keep-gpus` keeps the preset's
@@ -96,7 +98,9 @@ def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: Miniatu
         out["judge"] = {**data["judge"], "serve": {**serve, "model": _model(serve["model"], TEACHER),
                                                    "max_model_len": min(serve["max_model_len"], CONTEXT_TOKENS)},
                         "http": {**data["judge"]["http"], "max_tokens": min(data["judge"]["http"]["max_tokens"], 64)}}
-    algorithm = data["learner"]["algorithm"]
+    # A random tiny student fails every episode alike: groups without reward variance carry the
+    # whole batch, or GRPO-style algorithms would drop them all and never take a step.
+    algorithm = {**data["learner"]["algorithm"], "drop_zero_variance_groups": False}
     if algorithm["retirement"]["teacher_success"] is None and out["teacher"] is not None \
             and out["teacher"]["backend"] in ("hf", "vllm"):
         algorithm = {**algorithm, "retirement": {**algorithm["retirement"], "teacher_success": 1.0}}
