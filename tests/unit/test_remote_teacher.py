@@ -121,3 +121,17 @@ def test_a_server_that_scored_other_tokens_is_an_error():
     rows = [None, {7: (1, -0.5)}, {9: (1, -0.2)}]
     with pytest.raises(ValueError, match=r"lack the scored token at position\(s\) \[2\]"):
         scores_from_prompt_logprobs([5, 7, 8], rows, 2, top_k=0)
+
+
+def test_preflight_refuses_a_prompt_budget_longer_than_the_remote_teachers_context(server):
+    from jobs.config import load_config
+    from jobs.train import JobConfig, preflight
+
+    overrides = [f"teacher.remote.url={server.url}", "run.metrics_port=null"]
+    config = load_config(JobConfig, "jobs/configs/babyai_opd_remote_tiny.yaml",
+                         overrides + ["rollout.loop.max_context_tokens=1024"])
+    with pytest.raises(ValueError, match=r"max_context_tokens \(1024\) is longer than the remote teacher's context "
+                                         r".* \(512 tokens\)"):
+        preflight(config)
+    preflight(load_config(JobConfig, "jobs/configs/babyai_opd_remote_tiny.yaml",
+                          overrides + ["rollout.loop.max_context_tokens=512"]))
