@@ -57,6 +57,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("teacher_latency_seconds", "gauge", "Teacher request latency (p50)."),
     Metric("actor_restarts", "counter", "Restarts of dead actors, by component.", ("component",)),
     Metric("nonfinite_steps", "counter", "Learner steps skipped: their loss or gradient norm was not finite."),
+    Metric("empty_batches", "counter", "Learner steps skipped: the batch held no trainable token."),
     Metric("teacher_rejected_trajectories", "counter",
            "Trajectories a teacher scored with a non-finite or positive log-prob (not trained on).",
            recorded_by=("teacher",)),

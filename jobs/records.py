@@ -119,6 +119,8 @@ class StepRecord:
     nonfinite_steps: int | None
     """Learner steps skipped so far because their loss or gradient norm was not finite (None in
     records written before the guard existed)."""
+    empty_batches: int | None
+    """Batches skipped so far because they held no trainable token (None in older records)."""
     env_restarts: int
     """Episodes started over because their environment actor died (rollout.env_actors)."""
     judged_turns: int | None
@@ -174,7 +176,7 @@ STEP_SCHEMA = pa.schema([
     ("rollout_tokens", pa.int64()), ("prompt_tokens", pa.int64()), ("buffer_put", pa.int64()),
     ("buffer_consumed", pa.int64()), ("dropped_stale", pa.int64()), ("evicted", pa.int64()),
     ("duplicate_groups", pa.int64()), ("duplicate_turns", pa.int64()), ("rollout_failed_runs", pa.int64()), ("teacher_restarts", pa.int64()),
-    ("nonfinite_steps", pa.int64()), ("env_restarts", pa.int64()),
+    ("nonfinite_steps", pa.int64()), ("empty_batches", pa.int64()), ("env_restarts", pa.int64()),
     ("judged_turns", pa.int64()), ("judge_neutral_turns", pa.int64()), ("train_success_rate", pa.float64()), ("format_error_rate", pa.float64()),
     ("memory_turns", pa.int64()), ("memory_format_error_rate", pa.float64()), ("prompt_tokens_per_turn", pa.float64()), ("rollout_tokens_per_s", pa.float64()),
     ("reverse_kl_by_turn", pa.list_(pa.float64())), ("format_error_rate_by_turn", pa.list_(pa.float64())),

@@ -78,9 +78,10 @@ class RunConfig(BaseModel):
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
     max_nonfinite_steps: int = Field(default=3, ge=1)
-    """Stop the run after this many learner steps in a row with a non-finite loss or gradient norm
-    (its latest checkpoint holds the last finite version); each is skipped (no update, no publish)
-    and counted (`nonfinite_steps`)."""
+    """Stop the run after this many learner steps in a row skipped for a non-finite loss or
+    gradient norm or a batch without a trainable token (its latest checkpoint holds the last good
+    version); each is skipped (no update, no publish) and counted (`nonfinite_steps`,
+    `empty_batches`)."""
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
     """None: no Prometheus endpoint."""

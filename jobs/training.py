@@ -66,7 +66,7 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 class NonFiniteTraining(RuntimeError):
-    """The learner's loss or gradient norm stayed non-finite for run.max_nonfinite_steps steps."""
+    """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
 
 
 class TrainingRun:
@@ -151,7 +151,9 @@ class TrainingRun:
         """The judge's counters at the last step."""
         self.nonfinite_steps = 0
         """Learner steps skipped for a non-finite loss or gradient norm (this run and the ones it resumed)."""
-        self._nonfinite_in_row = 0
+        self.empty_batches = 0
+        """Batches skipped for holding no trainable token."""
+        self._skipped_in_row = 0
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -202,7 +204,9 @@ class TrainingRun:
         metrics = self.dir / "metrics.parquet"
         if metrics.exists():
             self.rows = [r for r in read_records(metrics) if r.version <= self.version]
-            self.nonfinite_steps = (self.rows[-1].nonfinite_steps or 0) if self.rows else 0
+            last = self.rows[-1] if self.rows else None
+            self.nonfinite_steps = (last.nonfinite_steps or 0) if last else 0
+            self.empty_batches = (last.empty_batches or 0) if last else 0
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if self.teacher_retired:
             print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
@@ -249,6 +253,9 @@ class TrainingRun:
             batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),),
                                 (encoded.policy_versions,))
             stats = self.learner.train(batch, sft, ws.lr)
+            if stats["skipped"]:
+                self._skip_step(stats)
+                continue
             self.version = int(stats["version"])
             rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
                          "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
@@ -294,9 +301,9 @@ class TrainingRun:
                     continue
             stats = self.learner.train(batch, self.learner_algorithm)
             if stats["skipped"]:
-                self._skip_nonfinite_step(stats)
+                self._skip_step(stats)
                 continue
-            self._nonfinite_in_row = 0
+            self._skipped_in_row = 0
             self.version = int(stats["version"])
             sync = 0.0
             if self.version % run.publish_every == 0:
@@ -330,20 +337,28 @@ class TrainingRun:
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
 
-    def _skip_nonfinite_step(self, stats: dict) -> None:
-        """A step whose loss or gradient norm was not finite changed nothing (learner.trainer): no
-        publish, no new version; counted, and the run stops after run.max_nonfinite_steps in a row."""
-        self.nonfinite_steps += 1
-        self._nonfinite_in_row += 1
-        self.metrics.inc("nonfinite_steps", 1)
+    def _skip_step(self, stats: dict) -> None:
+        """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm
+        was not finite, or its batch had no trainable token. No publish, no new version; counted
+        (`nonfinite_steps`, `empty_batches`), and run.max_nonfinite_steps skips in a row stop the run."""
+        nonfinite = stats["skipped"] == "nonfinite"
+        if nonfinite:
+            self.nonfinite_steps += 1
+        else:
+            self.empty_batches += 1
+        self._skipped_in_row += 1
+        self.metrics.inc("nonfinite_steps" if nonfinite else "empty_batches", 1)
+        what = (f"loss {stats['loss']} grad_norm {stats['grad_norm']}" if nonfinite
+                else "no trainable token in the batch")
         limit = self.config.run.max_nonfinite_steps
-        print(f"step skipped at version {self.version}: loss {stats['loss']} grad_norm {stats['grad_norm']} "
-              f"({self._nonfinite_in_row} in a row, {self.nonfinite_steps} in all)", flush=True)
-        if self._nonfinite_in_row >= limit:
+        print(f"step skipped at version {self.version}: {what} ({self._skipped_in_row} in a row; "
+              f"{self.nonfinite_steps} non-finite, {self.empty_batches} empty in all)", flush=True)
+        if self._skipped_in_row >= limit:
+            hint = ("lower learner.lr, check the teacher's log-probs" if nonfinite else
+                    "check which turns are trainable (replayed, unselected or untrainable turns carry no loss)")
             raise NonFiniteTraining(
-                f"{limit} learner steps in a row had a non-finite loss or gradient norm (last: loss "
-                f"{stats['loss']}, grad_norm {stats['grad_norm']}) at version {self.version}; lower learner.lr, "
-                f"check the teacher's log-probs, or raise run.max_nonfinite_steps")
+                f"{limit} learner steps in a row were skipped (last: {what}) at version {self.version}; {hint}, "
+                f"or raise run.max_nonfinite_steps")
 
     def _gap_since_eval(self, row: StepRecord) -> float:
         """K_n: mean reverse KL over the steps since the previous evaluation, this one included."""
@@ -415,7 +430,8 @@ class TrainingRun:
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
             buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
-            num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps, **totals, **judge, **gauges)
+            num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
+            empty_batches=self.empty_batches, **totals, **judge, **gauges)
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 

@@ -10,7 +10,8 @@ at 1.0 is 2^-7). Published weights and HF exports are cast to `model.dtype`; che
 the fp32 masters, so a resumed run continues bit for bit (docs/architecture.md, "Precision").
 
 A step whose global loss or gradient norm is not finite changes nothing: the gradients are
-dropped, the optimizer, schedule and version stay, and the step's stats say `skipped`.
+dropped, the optimizer, schedule and version stay, and the step's stats say `skipped:
+"nonfinite"`; a batch without any trainable token is `skipped: "no_trainable_token"` (else None).
 
 A step: this rank's sequences are split into micro-batches under a token budget; each
 micro-batch's loss sum is divided by the *global* number of loss units (all-reduced before
@@ -249,8 +250,9 @@ class Trainer:
         local_units = sum(float(b.loss_mask.sum()) if cfg.aggregation == "token_mean"
                           else float((b.loss_mask.sum(-1) > 0).sum()) for b in batches)
         global_units, = self._all_sum([local_units])
-        if global_units == 0:
-            raise ValueError("the batch has no trainable response token on any rank")
+        if global_units == 0:  # every turn replayed, unselected or untrainable: nothing to learn from
+            return {"version": self.version, "skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0,
+                    "step_s": time.perf_counter() - start}
         sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
                 "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0,
                 "kl_head": 0.0, "kl_tail": 0.0, "scored_head_tokens": 0.0, "scored_tail_tokens": 0.0,
@@ -308,8 +310,8 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0] if lr is None else lr
         totals = dict(zip(sums, self._all_sum(list(sums.values()))))
         # Both are global (all-reduced), so every rank takes the same branch.
-        skipped = not (math.isfinite(totals["loss"]) and math.isfinite(float(grad_norm)))
-        if not skipped:
+        skipped = None if math.isfinite(totals["loss"]) and math.isfinite(float(grad_norm)) else "nonfinite"
+        if skipped is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()

@@ -15,7 +15,7 @@ def record(version: int, **totals) -> StepRecord:
                 learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4, num_rollout_workers=1,
                 episodes=0, successes=0, turns=0, format_errors=0, rollout_tokens=0, prompt_tokens=0,
                 buffer_put=0, buffer_consumed=0, dropped_stale=0, evicted=0, duplicate_groups=0, duplicate_turns=0,
-                rollout_failed_runs=0, teacher_restarts=0, nonfinite_steps=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=None, format_error_rate=None, memory_turns=0, memory_format_error_rate=None,
+                rollout_failed_runs=0, teacher_restarts=0, nonfinite_steps=0, empty_batches=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=None, format_error_rate=None, memory_turns=0, memory_format_error_rate=None,
                 prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, reverse_kl_by_turn=[0.5, None],
                 format_error_rate_by_turn=[0.0], response_tokens_per_turn=None, turns_to_success=None,
                 reverse_kl_head=0.4, reverse_kl_tail=0.6, student_logprob_head=-0.5, student_logprob_tail=-0.9,
@@ -70,7 +70,7 @@ def test_an_older_schema_reads_back_with_nulls(tmp_path):
     assert pq.read_table(path).schema.names == STEP_SCHEMA.names
 
 
-def test_non_finite_steps_are_counted_and_stop_the_run_after_the_limit_in_a_row():
+def test_skipped_steps_are_counted_by_reason_and_stop_the_run_after_the_limit_in_a_row():
     from types import SimpleNamespace
 
     import pytest
@@ -78,12 +78,14 @@ def test_non_finite_steps_are_counted_and_stop_the_run_after_the_limit_in_a_row(
     from jobs.training import NonFiniteTraining, TrainingRun
 
     exported = []
-    run = SimpleNamespace(nonfinite_steps=4, _nonfinite_in_row=0, version=7,
+    run = SimpleNamespace(nonfinite_steps=4, empty_batches=1, _skipped_in_row=0, version=7,
                           metrics=SimpleNamespace(inc=lambda name, amount: exported.append((name, amount))),
                           config=SimpleNamespace(run=SimpleNamespace(max_nonfinite_steps=3)))
-    nan = {"loss": float("nan"), "grad_norm": float("nan")}
-    TrainingRun._skip_nonfinite_step(run, nan)
-    TrainingRun._skip_nonfinite_step(run, nan)
-    with pytest.raises(NonFiniteTraining, match="3 learner steps in a row .* at version 7"):
-        TrainingRun._skip_nonfinite_step(run, nan)
-    assert run.nonfinite_steps == 7 and exported == [("nonfinite_steps", 1)] * 3
+    nan = {"skipped": "nonfinite", "loss": float("nan"), "grad_norm": float("nan")}
+    empty = {"skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0}
+    TrainingRun._skip_step(run, nan)
+    TrainingRun._skip_step(run, empty)
+    with pytest.raises(NonFiniteTraining, match="3 learner steps in a row were skipped .* at version 7"):
+        TrainingRun._skip_step(run, nan)
+    assert (run.nonfinite_steps, run.empty_batches) == (6, 2)
+    assert exported == [("nonfinite_steps", 1), ("empty_batches", 1), ("nonfinite_steps", 1)]

@@ -26,7 +26,7 @@ def synthetic_run(directory, num_steps: int, warm_steps: int, seed: int, retire_
             buffer_resident=10, num_rollout_workers=2, episodes=10 * i, successes=3 * i, turns=50 * i,
             format_errors=i, rollout_tokens=1000 * i, prompt_tokens=9000 * i, buffer_put=40 * i,
             buffer_consumed=32 * i, dropped_stale=2 * i, evicted=0, duplicate_groups=0, duplicate_turns=0, rollout_failed_runs=0,
-            teacher_restarts=0, nonfinite_steps=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=rng.random(), format_error_rate=rng.random() / 4, memory_turns=0,
+            teacher_restarts=0, nonfinite_steps=0, empty_batches=0, env_restarts=0, judged_turns=None, judge_neutral_turns=None, train_success_rate=rng.random(), format_error_rate=rng.random() / 4, memory_turns=0,
             memory_format_error_rate=None,
             prompt_tokens_per_turn=180.0, rollout_tokens_per_s=300 + rng.random() * 50,
             reverse_kl_by_turn=kl_by_turn, format_error_rate_by_turn=[0.1] * 6,

@@ -147,10 +147,13 @@ def test_schedule_and_sharding_helpers(trajectories):
     shards = [shard_by_episode(samples, r, 2) for r in range(2)]
     assert sorted(map(id, shards[0] + shards[1])) == sorted(map(id, samples))
     assert not {s.trajectory_id for s in shards[0]} & {s.trajectory_id for s in shards[1]}
-    with pytest.raises(ValueError, match="no trainable"):
-        frozen = [dataclasses.replace(t, turns=tuple(dataclasses.replace(u, trainable=False) for u in t.turns))
-                  for t in trajectories]
-        Trainer(LearnerConfig(), NANO).train_step(sequences(frozen))
+    # A batch without a trainable token changes nothing and says so (the driver counts it).
+    frozen = [dataclasses.replace(t, turns=tuple(dataclasses.replace(u, trainable=False) for u in t.turns))
+              for t in trajectories]
+    trainer = Trainer(LearnerConfig(), NANO)
+    stats = trainer.train_step(sequences(frozen))
+    assert stats["skipped"] == "no_trainable_token" and stats["version"] == 0 == trainer.version
+    assert trainer.train_step(sequences(trajectories))["skipped"] is None
 
 
 def test_a_step_may_override_the_loss_and_the_rate(trajectories):
@@ -291,7 +294,7 @@ def test_a_nan_loss_skips_the_step_and_changes_nothing(trajectories):
         for turn in t.turns)) for t in trajectories]
     before = full_weights(trainer)
     stats = trainer.train_step(sequences(poisoned))
-    assert stats["skipped"] and stats["version"] == 0 and trainer.version == 0
+    assert stats["skipped"] == "nonfinite" and stats["version"] == 0 and trainer.version == 0
     assert all(torch.equal(before[k], w) for k, w in full_weights(trainer).items())
     assert all(not s for s in trainer.optimizer.state.values())  # AdamW never stepped
     stats = trainer.train_step(sequences(trajectories))
