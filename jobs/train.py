@@ -73,6 +73,8 @@ class RunConfig(BaseModel):
     eval_split: str = "eval50"
     eval_tasks: int = Field(default=12, ge=1)
     checkpoint_every: int = Field(default=10, ge=1)
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Complete checkpoints kept (the newest); `--resume` takes the newest that verifies."""
     max_wall_s: float | None = Field(default=None, gt=0)
     """Stop (checkpoint, export) once the warm start and loop have run this long; None: no limit.
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
 from jobs.tensorboard import TensorBoardLog
 from learner.retirement import RetirementController
-from learner.trainer import check_checkpoint
+from learner.trainer import PREVIOUS, check_checkpoint
 
 
 def wait_until_dead(actor, timeout_s: float = 60.0) -> None:
@@ -55,14 +56,43 @@ def teacher_success(config) -> float:
     return max(sum(r.success for r in results) / len(results), 1e-6)
 
 
+def _checkpoint_version(path: Path) -> int:
+    return int(path.name.removeprefix("step_").removesuffix(PREVIOUS))
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
-    """The run's latest checkpoint, checked complete; ValueError naming the problem otherwise."""
-    latest = Path(run_dir) / "checkpoints" / "latest"
+    """The run's newest checkpoint that verifies (`check_checkpoint`): a crash can leave the one
+    `latest` names incomplete, or only its previous copy (`Trainer.save_checkpoint`), or a newer
+    complete one that `latest` was not yet moved to. ValueError naming the problem when none
+    verifies (the newest one's problem)."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    latest = checkpoints / "latest"
     if not latest.exists():
         raise ValueError(f"--resume {run_dir}: no checkpoint there (missing {latest})")
-    path = latest.parent / latest.read_text().strip()
-    check_checkpoint(path)
-    return path
+    named = checkpoints / latest.read_text().strip()
+    found = {p for p in checkpoints.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")} | {named}
+    # Newest version first; at one version the checkpoint itself before its previous copy.
+    first_error = None
+    for path in sorted(found, key=lambda p: (-_checkpoint_version(p), p.name.endswith(PREVIOUS))):
+        try:
+            check_checkpoint(path)
+            return path
+        except ValueError as exc:
+            first_error = first_error or exc
+    raise first_error
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest complete checkpoints, and what crashed saves left (a
+    `.tmp` being written, a re-save's previous copy); returns what was removed. Called after a
+    save completed, so no save is in progress."""
+    complete = sorted((p for p in checkpoints.glob("step_*") if p.is_dir() and not p.name.endswith((".tmp", PREVIOUS))
+                       and (p / "trainer_state.json").is_file()), key=_checkpoint_version, reverse=True)
+    leftovers = [p for p in checkpoints.glob("step_*") if p.is_dir() and p.name.endswith((".tmp", PREVIOUS))]
+    removed = complete[keep:] + leftovers
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
 
 
 class NonFiniteTraining(RuntimeError):
@@ -198,6 +228,9 @@ class TrainingRun:
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.dir)
+        named = (self.dir / "checkpoints" / "latest").read_text().strip()
+        if path.name != named:
+            print(f"checkpoint {named} does not verify; resuming from {path.name}, the newest that does", flush=True)
         extra = self.learner.load(str(path))
         self.version = self.learner.version()
         self.warm_steps = int(extra.get("warm_start_steps", 0))
@@ -525,6 +558,7 @@ class TrainingRun:
         tmp = self.dir / "checkpoints" / "latest.tmp"
         tmp.write_text(name)
         os.replace(tmp, self.dir / "checkpoints" / "latest")
+        prune_checkpoints(self.dir / "checkpoints", self.config.run.keep_checkpoints)
         self.write_metrics()
         return Path(path)
 

@@ -69,6 +69,26 @@ def check_checkpoint(directory: str | Path) -> dict[str, Any]:
             raise ValueError(f"checkpoint {directory}: rng_rank{rank}.pt is missing")
     return state
 
+PREVIOUS = ".previous"
+"""Suffix of the copy a checkpoint re-save keeps until the new one is in place."""
+
+
+def _fsync_tree(root: Path, files: bool = True) -> None:
+    """Flush `root`'s files (with `files`) and directories to disk, so a rename that follows
+    never publishes a checkpoint whose bytes a power loss would drop."""
+    for directory, _, names in os.walk(root):
+        for name in names if files else ():
+            with open(os.path.join(directory, name), "rb") as f:
+                os.fsync(f.fileno())
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        if not files:
+            return
+
+
 class LearnerConfig(BaseModel):
     """Optimisation settings of the learner."""
 
@@ -367,7 +387,11 @@ class Trainer:
                 for name, tensor in state.items()}
 
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        """Atomic distributed checkpoint: written to `<dir>.tmp`, renamed when every rank is done."""
+        """Distributed checkpoint written to `<dir>.tmp`, fsynced, and renamed into place once every
+        rank is done. A re-save of an existing `<dir>` (a resume at the same version, the save when
+        the buffer dies) first renames the old one to `<dir>.previous` and deletes it only once the
+        new one is in place: at any moment a complete copy exists (jobs.training.latest_checkpoint
+        looks at both)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -386,8 +410,14 @@ class Trainer:
             (tmp / "trainer_state.json").write_text(json.dumps(state))
         dist.barrier()
         if self.rank == 0:
-            shutil.rmtree(final, ignore_errors=True)
+            _fsync_tree(tmp)
+            previous = final.with_name(final.name + PREVIOUS)
+            shutil.rmtree(previous, ignore_errors=True)
+            if final.exists():
+                os.rename(final, previous)
             os.rename(tmp, final)
+            _fsync_tree(final.parent, files=False)
+            shutil.rmtree(previous, ignore_errors=True)
         dist.barrier()
         return final
 

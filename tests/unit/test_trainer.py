@@ -299,3 +299,41 @@ def test_a_nan_loss_skips_the_step_and_changes_nothing(trajectories):
     assert all(not s for s in trainer.optimizer.state.values())  # AdamW never stepped
     stats = trainer.train_step(sequences(trajectories))
     assert not stats["skipped"] and stats["version"] == 1
+
+
+def test_a_re_save_that_crashes_midway_leaves_a_complete_checkpoint_that_resume_finds(trajectories, tmp_path,
+                                                                                      monkeypatch):
+    from jobs.training import latest_checkpoint, prune_checkpoints
+
+    checkpoints = tmp_path / "checkpoints"
+    trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd")), NANO)
+    trainer.train_step(sequences(trajectories))
+    first = trainer.save_checkpoint(checkpoints / "step_000001")
+    (checkpoints / "latest").write_text("step_000001")
+    def crash_before_the_new_copy_lands(src, dst):  # the old copy moved aside, then the process dies
+        if str(src).endswith("step_000001.tmp"):
+            raise OSError("killed")
+        os.replace(src, dst)
+
+    monkeypatch.setattr("learner.trainer.os.rename", crash_before_the_new_copy_lands)
+    with pytest.raises(OSError, match="killed"):
+        trainer.save_checkpoint(first)  # a re-save at the same version
+    monkeypatch.undo()
+    assert not first.exists() and latest_checkpoint(tmp_path) == checkpoints / "step_000001.previous"
+    assert check_checkpoint(latest_checkpoint(tmp_path))["version"] == 1
+
+    # Newer checkpoints: `latest` names a damaged one, so resume takes the newest that verifies.
+    for _ in range(3):
+        trainer.train_step(sequences(trajectories))
+        trainer.save_checkpoint(checkpoints / f"step_{trainer.version:06d}")
+    (checkpoints / "latest").write_text("step_000004")
+    (checkpoints / "step_000004" / "trainer_state.json").unlink()
+    assert latest_checkpoint(tmp_path) == checkpoints / "step_000003"
+    (checkpoints / "latest").write_text("step_000002")  # a newer complete one than `latest` names
+    assert latest_checkpoint(tmp_path) == checkpoints / "step_000003"
+    removed = prune_checkpoints(checkpoints, keep=1)
+    assert sorted(p.name for p in removed) == ["step_000001.previous", "step_000001.tmp", "step_000002"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_000003", "step_000004"]
+    shutil.rmtree(checkpoints / "step_000003")
+    with pytest.raises(ValueError, match="trainer_state.json is missing"):  # none verifies: the newest's problem
+        latest_checkpoint(tmp_path)
