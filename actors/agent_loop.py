@@ -25,8 +25,6 @@ rendered from messages, and the window, not the whole episode, bounds its length
 
 from __future__ import annotations
 
-import math
-
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
@@ -34,7 +32,7 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import InferenceEngine, SamplingConfig
-from buffer.contracts import Trajectory, Turn
+from buffer.contracts import Trajectory, Turn, are_logprobs
 from envs.parser import CALL_OPEN, ToolCallParser, format_tool_call
 from envs.privileged import PrivilegedConfig, PrivilegedContext
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
@@ -110,10 +108,10 @@ class Response:
 
     @property
     def finite(self) -> bool:
-        """Whether every sampling log-prob is a log-prob (finite, at most 0 + slack). A response
-        the engine reports otherwise still acts in the environment, but is never trained on: its
+        """Whether every sampling log-prob is one (`buffer.contracts.are_logprobs`). A response the
+        engine reports otherwise still acts in the environment, but is never trained on: its
         importance ratios would be NaN or infinite (rejected where it enters)."""
-        return all(math.isfinite(lp) and lp <= 1e-3 for lp in self.logprobs)
+        return are_logprobs(self.logprobs)
 
     @property
     def trainable_logprobs(self) -> tuple[float, ...]:

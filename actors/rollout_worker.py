@@ -186,10 +186,8 @@ class RolloutWorker:
                                             for name, indices in parts.items()))
         finally:
             self._teacher_calls -= 1
-        merged = merge_routed(len(trajectories), parts, scored)
-        kept = [t for t in merged if t is not None]  # None: the teacher's scores were rejected
-        self._stats["num_teacher_rejected"] += len(merged) - len(kept)
-        return kept
+        # None: the teacher service rejected that trajectory's scores (and counted it).
+        return [t for t in merge_routed(len(trajectories), parts, scored) if t is not None]
 
     async def retire_teacher(self) -> None:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so

@@ -77,14 +77,13 @@ class VLLMEngine:
         self.seed_offset = seed_offset
         """Mixed into every request seed, so engines of different workers draw different noise."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
-        import torch
-
         # vLLM logs several INFO lines per weight reload; a run reloads every step.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if config.cpu_omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_omp_threads_bind
         else:
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        import torch
         from vllm import LLM
 
         self.model_dir = Path(model_dir)

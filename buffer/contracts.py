@@ -9,6 +9,8 @@ Arrow and Parquet too (TRAJECTORY_SCHEMA). Token ids are int32, log-probs float3
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,6 +29,13 @@ def check_topk(turn_index: int, num_response_tokens: int, ids, logprobs) -> None
     widths = {len(row) for row in ids} | {len(row) for row in logprobs}
     if len(widths) > 1:
         raise ValueError(f"turn {turn_index}: teacher top-k rows of different widths {sorted(widths)}")
+
+
+def are_logprobs(values, tolerance: float = 1e-3) -> bool:
+    """Every value finite and at most 0 (+ numerical slack). A NaN, an infinity or a positive
+    value from an engine or a teacher is a broken source (a bf16 overflow, a server bug), never a
+    confident one; where log-probs enter, such values are rejected."""
+    return all(math.isfinite(v) and v <= tolerance for v in values)
 
 
 STAGES = ("action", "memory")

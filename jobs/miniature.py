@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from cluster.plan import ROLES
+from cluster.plan import ROLES, RolePlan
 
 MiniatureGpus = Literal["cpu", "gpus"]
 
@@ -65,14 +65,11 @@ def _teacher(teacher: dict[str, Any] | None) -> dict[str, Any] | None:
 def _plan(plan: dict[str, Any], num_cpus: float, gpus: MiniatureGpus) -> dict[str, Any]:
     """Each reserving role keeps its count (and, with `gpus`, its GPUs); CPUs are shared out evenly
     over the bundles so the whole plan takes CPU_SHARE of `num_cpus`."""
-    roles = {name: plan[name] for name in ROLES}
-    num_bundles = sum(r["count"] for r in roles.values() if r["cpus"] > 0 or r["gpus"] > 0)
+    reserving = {name: plan[name] for name in ROLES if RolePlan(**plan[name]).reserves}
+    num_bundles = sum(role["count"] for role in reserving.values())
     share = int(CPU_SHARE * num_cpus / max(num_bundles, 1) * 1000) / 1000
-    out = {**plan, "preset": "custom"}
-    for name, role in roles.items():
-        if role["cpus"] > 0 or role["gpus"] > 0:
-            out[name] = {**role, "cpus": share, "gpus": role["gpus"] if gpus == "gpus" else 0.0}
-    return out
+    return {**plan, "preset": "custom", **{name: {**role, "cpus": share, "gpus": role["gpus"] if gpus == "gpus" else 0.0}
+                                           for name, role in reserving.items()}}
 
 
 def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: MiniatureGpus = "cpu") -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 The ranks may sit on any nodes: they meet at rank 0's node address (a TCPStore on a socket
 rank 0 bound there). Each rank receives the same `SampleBatch` (references only), reads the rows
-from the object store, keeps its share -- whole episodes, dealt round-robin, so packing still applies -- and
-runs `Trainer.train_step`. Rank 0 publishes full weights: it gathers the unsharded state
+from the object store, keeps its share -- whole episodes, dealt round-robin, so packing still
+applies -- and runs `Trainer.train_step`. Rank 0 publishes full weights: it gathers the unsharded state
 dict once and puts it into the object store; rollout workers load that one object. (On
 GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
 """
@@ -51,15 +51,14 @@ class LearnerRank:
         self._listener = socket.create_server((host, 0), backlog=self.world_size + 8)
         return host, self._listener.getsockname()[1]
 
-    def join(self, address: tuple[str, int], timeout_s: float) -> str:
+    def join(self, address: tuple[str, int], timeout_s: float) -> None:
         """Form the process group through rank 0's store at `address` (each rank waits for the
-        others at most `timeout_s`), then build the Trainer; returns this rank's Ray node id.
+        others at most `timeout_s`), then build the Trainer.
         The device is what this process has: CUDA (NCCL) where Ray gave it a GPU torch can use,
         else CPU (gloo) -- so declared GPUs without CUDA (the simulated cluster,
         docs/architecture.md) run the same placement on CPU."""
         from datetime import timedelta
 
-        import ray
         import torch
         import torch.distributed as dist
 
@@ -79,7 +78,6 @@ class LearnerRank:
         dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=self.rank, world_size=self.world_size)
         self.trainer = Trainer(self.config, self.model_config, device="cuda" if cuda else "cpu")
         self.metrics = ActorMetrics("learner", self.name)
-        return ray.get_runtime_context().get_node_id()
 
     def __repr__(self) -> str:  # the dashboard's Repr column
         return f"LearnerRank({self.name}, v{self.trainer.version if self.trainer else '-'})"
@@ -138,8 +136,7 @@ class LearnerGroup:
                  num_gpus: float = 0.0, placement: list[Any] | None = None, named: bool = False,
                  join_timeout_s: float = 600.0) -> None:
         """`named`: rank r is the named actor `learner-<r>` (in the job's namespace). The ranks may
-        land on any nodes: they meet at rank 0's node address (`LearnerRank.listen`). `node_ids`:
-        each rank's Ray node id."""
+        land on any nodes: they meet at rank 0's node address (`LearnerRank.listen`)."""
         import ray
 
         if num_ranks < 1:
@@ -155,7 +152,7 @@ class LearnerGroup:
             self.ranks.append(actor.options(**options).remote(r, num_ranks, config, model))
         self.published: dict[str, Any] = {}
         address = ray.get(self.ranks[0].listen.remote())
-        self.node_ids: list[str] = self._all("join", address, join_timeout_s)
+        self._all("join", address, join_timeout_s)
 
     def _all(self, method: str, *args) -> list:
         """The call on every rank. A rank that died fails the call at once (the others would

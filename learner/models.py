@@ -79,7 +79,7 @@ def resolve_model_dir(config: ModelConfig) -> Path:
 def fetch_model(config: ModelConfig) -> Path:
     """`resolve_model_dir`, downloading a Hub model into the cache first when it is absent and
     the machine is online: called once, where the job starts."""
-    if not config.path.startswith(TINY_PREFIX) and _is_hub_name(config.path):
+    if _is_hub_name(config.path):
         return _hub_snapshot(config.path, download=True)
     return resolve_model_dir(config)
 

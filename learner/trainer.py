@@ -73,20 +73,22 @@ PREVIOUS = ".previous"
 """Suffix of the copy a checkpoint re-save keeps until the new one is in place."""
 
 
-def _fsync_tree(root: Path, files: bool = True) -> None:
-    """Flush `root`'s files (with `files`) and directories to disk, so a rename that follows
-    never publishes a checkpoint whose bytes a power loss would drop."""
+def _fsync(path: str | Path) -> None:
+    """Flush one file or directory (its entries) to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root`, so a rename that follows never publishes a
+    checkpoint whose bytes a power loss would drop."""
     for directory, _, names in os.walk(root):
-        for name in names if files else ():
-            with open(os.path.join(directory, name), "rb") as f:
-                os.fsync(f.fileno())
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        if not files:
-            return
+        for name in names:
+            _fsync(os.path.join(directory, name))
+        _fsync(directory)
 
 
 class LearnerConfig(BaseModel):
@@ -416,7 +418,7 @@ class Trainer:
             if final.exists():
                 os.rename(final, previous)
             os.rename(tmp, final)
-            _fsync_tree(final.parent, files=False)
+            _fsync(final.parent)
             shutil.rmtree(previous, ignore_errors=True)
         dist.barrier()
         return final

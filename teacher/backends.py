@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from buffer.contracts import are_logprobs
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,9 @@ class TokenScores:
     topk_logprobs: tuple[tuple[float, ...], ...] | None = None
     """Their log-probs, shape [num_response_tokens, k] (0 on padding)."""
 
-    def valid(self, tolerance: float = 1e-3) -> bool:
-        """Every log-prob finite and at most 0 (+ numerical slack): a NaN, an infinity or a
-        positive value is a broken teacher (a bf16 overflow, a server bug), never a confident one."""
-        values = list(self.logprobs) + [v for row in self.topk_logprobs or () for v in row]
-        return all(math.isfinite(v) and v <= tolerance for v in values)
+    def valid(self) -> bool:
+        """Every log-prob, top-k included, is one (`buffer.contracts.are_logprobs`)."""
+        return are_logprobs(self.logprobs) and all(are_logprobs(row) for row in self.topk_logprobs or ())
 
     def slice(self, start: int, stop: int) -> "TokenScores":
         """The scores of response tokens [start, stop)."""
