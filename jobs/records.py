@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cluster.files import write_atomic
+
 TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
 """Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
 WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
@@ -226,12 +228,19 @@ def running_totals(previous: StepRecord | None, counts: Counts, buffer_delta: di
 
 
 def write_records(path: Path, records: list[StepRecord]) -> None:
-    pq.write_table(pa.Table.from_pylist([asdict(r) for r in records], schema=STEP_SCHEMA), path)
+    """Replace metrics.parquet atomically (cluster.files): a crash mid-write leaves the previous file."""
+    table = pa.Table.from_pylist([asdict(r) for r in records], schema=STEP_SCHEMA)
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_records(path: Path) -> list[StepRecord]:
-    """Records of a metrics.parquet, older schemas included (missing columns become None)."""
-    rows = pq.read_table(path).to_pylist()
+    """Records of a metrics.parquet, older schemas included (missing columns become None).
+    ValueError naming the file when it is not a readable parquet file (truncated, say)."""
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ValueError(f"{path} is damaged and cannot be read ({exc}); move it away to go on without the "
+                         f"step records it held") from None
     names = STEP_SCHEMA.names
     records = []
     for row in rows:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -253,6 +254,71 @@ def preflight(config: JobConfig) -> None:
                                  f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
 
 
+RESUME_MAY_CHANGE = ("run.", "cluster.address", "cluster.num_cpus")
+"""Keys `--resume` accepts changed without `--allow-change` (a dotted key, or a section ending in
+a dot): the run's length, cadence and outputs, and where it runs. Anything else (the model, the
+algorithm, the data) would continue a checkpoint under settings it was not trained with."""
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(saved: JobConfig, config: JobConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (saved value, new value) for every key whose value differs (run.dir aside:
+    `--resume` names the directory)."""
+    old, new = _flat(saved.model_dump(mode="json")), _flat(config.model_dump(mode="json"))
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if key != "run.dir" and old.get(key) != new.get(key)}
+
+
+def used_run_dir(run_dir: Path) -> list[str]:
+    """What a run left in `run_dir` (empty: unused)."""
+    return [name for name in ("config.yaml", "checkpoints", "metrics.parquet") if (run_dir / name).exists()]
+
+
+def check_run_dir(config: JobConfig, resume: bool, allow_change: tuple[str, ...] = (),
+                  overwrite: bool = False) -> dict[str, tuple[Any, Any]]:
+    """Before anything starts. A fresh run refuses a directory another run used (its `latest`
+    checkpoint and metrics would mix with this run's) unless `overwrite`, which deletes it. A
+    resume needs a checkpoint that verifies and a readable metrics.parquet, and refuses a config
+    that differs from the run's config.yaml outside RESUME_MAY_CHANGE and `allow_change`.
+    Returns the accepted changes; ValueError names the problem."""
+    from jobs.records import read_records
+    from jobs.training import latest_checkpoint
+
+    run_dir = Path(config.run.dir)
+    if not resume:
+        used = used_run_dir(run_dir)
+        if used and not overwrite:
+            raise ValueError(f"run.dir {run_dir} holds another run ({', '.join(used)}): continue it with --resume "
+                             f"{run_dir}, choose another run.dir, or pass --overwrite to delete it first")
+        return {}
+    latest_checkpoint(run_dir)
+    if (run_dir / "metrics.parquet").exists():
+        read_records(run_dir / "metrics.parquet")
+    try:
+        saved = load_config(JobConfig, run_dir / "config.yaml")
+    except ConfigError as exc:
+        raise ValueError(f"--resume {run_dir}: its config.yaml no longer validates ({exc})") from None
+    changes = config_changes(saved, config)
+    allowed = RESUME_MAY_CHANGE + tuple(allow_change)
+    refused = [key for key in changes if not any(key == a or (a.endswith(".") and key.startswith(a))
+                                                  or key.startswith(a + ".") for a in allowed)]
+    if refused:
+        listed = "; ".join(f"{key}: {changes[key][0]!r} -> {changes[key][1]!r}" for key in refused)
+        raise ValueError(f"--resume {run_dir}: the config differs from the one the run was trained with ({listed}). "
+                         f"Continuing a checkpoint under other settings is refused unless you name the keys: "
+                         f"--allow-change {','.join(refused)}")
+    return changes
+
+
 def connect(config: ClusterConfig, namespace: str):
     """Join the configured cluster (or start an embedded node) in `namespace`, where the run's
     named actors live (`ray.get_actor("worker-0", namespace=...)`)."""
@@ -279,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML file with JobConfig sections")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and resource plan")
     parser.add_argument("--resume", help="continue the run in this directory from its latest checkpoint")
+    parser.add_argument("--allow-change", default="", metavar="KEY[,KEY...]",
+                        help="with --resume: config keys (or sections, ending in '.') that may differ from the run's "
+                             f"config.yaml, beyond {', '.join(RESUME_MAY_CHANGE)}")
+    parser.add_argument("--overwrite", action="store_true", help="delete run.dir first if another run used it")
     parser.add_argument("--miniature", action="store_true",
                         help="run the preset in miniature (jobs/miniature.py): tiny models, 2 steps, the same "
                              "plan, dtypes and code path, GPUs turned into CPU shares")
@@ -291,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         config_path = str(Path(args.resume) / "config.yaml")
     if args.keep_gpus and not args.miniature:
         parser.error("--keep-gpus goes with --miniature")
+    if args.allow_change and not args.resume:
+        parser.error("--allow-change goes with --resume")
+    if args.overwrite and args.resume:
+        parser.error("--overwrite starts the run over; --resume continues it: pass one")
     transform = None
     if args.miniature:
         from functools import partial
@@ -309,20 +383,21 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(config))
         print(config.cluster.plan.describe())
         return 0
-    return run_job(config, resume=bool(args.resume))
+    return run_job(config, resume=bool(args.resume), overwrite=args.overwrite,
+                   allow_change=tuple(key for key in args.allow_change.split(",") if key))
 
 
-def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None) -> int:
+def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None,
+            allow_change: tuple[str, ...] = (), overwrite: bool = False) -> int:
     """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
     stopped on a failure it names). `finish` runs on the trained run before its actors stop
-    (jobs.build_teacher measures the teacher there)."""
+    (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from jobs.training import NonFiniteTraining, TrainingRun, latest_checkpoint
+    from jobs.training import NonFiniteTraining, TrainingRun
 
     try:  # before any actor starts
+        changes = check_run_dir(config, resume, allow_change, overwrite)
         preflight(config)
-        if resume:
-            latest_checkpoint(Path(config.run.dir))
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -334,6 +409,11 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         print(f"a run in Ray namespace {namespace} is already running on this cluster (its actors hold the "
               f"names); give this run another run.dir name", file=sys.stderr)
         return 2
+    if overwrite and not resume and used_run_dir(Path(config.run.dir)):
+        print(f"--overwrite: deleting {config.run.dir}", flush=True)
+        shutil.rmtree(config.run.dir)
+    for key, (old, new) in changes.items():
+        print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
     print(config.cluster.plan.describe(), flush=True)
     run = TrainingRun(config, resume=resume)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from collections import Counter
@@ -14,6 +13,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cluster.files import write_atomic
 from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
 from jobs.tensorboard import TensorBoardLog
@@ -116,8 +116,8 @@ class TrainingRun:
         self.config = config
         self.dir = Path(config.run.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            (self.dir / "config.yaml").write_text(dump_config(config))
+        # On a resume, the config it goes on with (jobs.train.check_run_dir accepted its changes).
+        write_atomic(self.dir / "config.yaml", lambda tmp: tmp.write_text(dump_config(config)))
         plan = config.cluster.plan
         self.placement_groups, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
@@ -555,9 +555,7 @@ class TrainingRun:
             extra["retirement"] = self.retirement.state_dict()
         path = self.learner.save(str(self.dir / "checkpoints" / name), extra=extra)
         # `latest` is replaced atomically, and only once the checkpoint itself is complete.
-        tmp = self.dir / "checkpoints" / "latest.tmp"
-        tmp.write_text(name)
-        os.replace(tmp, self.dir / "checkpoints" / "latest")
+        write_atomic(self.dir / "checkpoints" / "latest", lambda tmp: tmp.write_text(name))
         prune_checkpoints(self.dir / "checkpoints", self.config.run.keep_checkpoints)
         self.write_metrics()
         return Path(path)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.expansion import TrainSequence
+from cluster.files import fsync_path, fsync_tree
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
 from learner.models import ModelConfig, load_model
 
@@ -71,24 +72,6 @@ def check_checkpoint(directory: str | Path) -> dict[str, Any]:
 
 PREVIOUS = ".previous"
 """Suffix of the copy a checkpoint re-save keeps until the new one is in place."""
-
-
-def _fsync(path: str | Path) -> None:
-    """Flush one file or directory (its entries) to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file and directory under `root`, so a rename that follows never publishes a
-    checkpoint whose bytes a power loss would drop."""
-    for directory, _, names in os.walk(root):
-        for name in names:
-            _fsync(os.path.join(directory, name))
-        _fsync(directory)
 
 
 class LearnerConfig(BaseModel):
@@ -412,13 +395,13 @@ class Trainer:
             (tmp / "trainer_state.json").write_text(json.dumps(state))
         dist.barrier()
         if self.rank == 0:
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             previous = final.with_name(final.name + PREVIOUS)
             shutil.rmtree(previous, ignore_errors=True)
             if final.exists():
                 os.rename(final, previous)
             os.rename(tmp, final)
-            _fsync(final.parent)
+            fsync_path(final.parent)
             shutil.rmtree(previous, ignore_errors=True)
         dist.barrier()
         return final

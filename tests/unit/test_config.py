@@ -192,3 +192,56 @@ def test_a_miniature_keeps_the_presets_structure_at_cpu_size(preset):
             if full.teacher.backend == "vllm":
                 assert mini.teacher.model.path == "tiny:tiny" and mini.teacher.vllm.dtype == full.teacher.vllm.dtype
         assert mini.env == full.env and mini.run.dir == full.run.dir + "-miniature"
+
+
+def _run_dir_with(tmp_path, *overrides):
+    """A run directory as a finished run leaves it: config.yaml and a checkpoint that verifies."""
+    import json
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from jobs.config import dump_config
+    from jobs.train import JobConfig
+
+    run_dir = tmp_path / "run"
+    config = load_config(JobConfig, None, [f"run.dir={run_dir}", *overrides])
+    checkpoint = run_dir / "checkpoints" / "step_000004"
+    dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(checkpoint / "dcp"), no_dist=True)
+    torch.save({"torch": torch.get_rng_state()}, checkpoint / "rng_rank0.pt")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"version": 4, "world_size": 1, "extra": {}}))
+    (run_dir / "checkpoints" / "latest").write_text("step_000004")
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    return run_dir
+
+
+def test_resume_refuses_a_changed_config_unless_the_keys_are_named(tmp_path):
+    from jobs.train import JobConfig, check_run_dir
+
+    run_dir = _run_dir_with(tmp_path, "learner.lr=0.001")
+    same = load_config(JobConfig, run_dir / "config.yaml", ["run.steps=50", "run.metrics_port=9999"])
+    assert check_run_dir(same, resume=True) == {"run.metrics_port": (9400, 9999), "run.steps": (30, 50)}
+    changed = load_config(JobConfig, run_dir / "config.yaml", ["learner.lr=0.01", "rollout.group_size=8"])
+    with pytest.raises(ValueError, match=r"learner.lr: 0.001 -> 0.01; rollout.group_size: 4 -> 8.*"
+                                         r"--allow-change learner.lr,rollout.group_size"):
+        check_run_dir(changed, resume=True)
+    with pytest.raises(ValueError, match="rollout.group_size: 4 -> 8"):
+        check_run_dir(changed, resume=True, allow_change=("learner.lr",))
+    assert set(check_run_dir(changed, resume=True, allow_change=("learner.", "rollout.group_size"))) == \
+        {"learner.lr", "rollout.group_size"}
+
+
+def test_resume_refuses_a_damaged_metrics_file_and_a_fresh_run_a_used_directory(tmp_path):
+    from jobs.train import JobConfig, check_run_dir
+
+    run_dir = _run_dir_with(tmp_path)
+    config = load_config(JobConfig, run_dir / "config.yaml")
+    (run_dir / "metrics.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.raises(ValueError, match="metrics.parquet is damaged and cannot be read.*move it away"):
+        check_run_dir(config, resume=True)
+    with pytest.raises(ValueError, match=r"holds another run \(config.yaml, checkpoints, metrics.parquet\): "
+                                         r"continue it with --resume .*--overwrite"):
+        check_run_dir(config, resume=False)
+    assert check_run_dir(config, resume=False, overwrite=True) == {}
+    assert check_run_dir(config.model_copy(update={"run": config.run.model_copy(update={"dir": str(tmp_path / "new")})}),
+                         resume=False) == {}

@@ -4,6 +4,7 @@ import dataclasses
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobs.records import STEP_SCHEMA, Counts, StepRecord, read_records, running_totals, write_records
 
@@ -89,3 +90,17 @@ def test_skipped_steps_are_counted_by_reason_and_stop_the_run_after_the_limit_in
         TrainingRun._skip_step(run, nan)
     assert (run.nonfinite_steps, run.empty_batches) == (6, 2)
     assert exported == [("nonfinite_steps", 1), ("empty_batches", 1), ("nonfinite_steps", 1)]
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_metrics_file(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.parquet"
+    write_records(path, [record(1)])
+
+    def crash(table, where):
+        open(where, "wb").write(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_records(path, [record(1), record(2)])
+    assert [r.version for r in read_records(path)] == [1]
