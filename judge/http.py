@@ -4,7 +4,9 @@ The judge reads the whole episode as the student saw it (the last turn's prompt 
 decoded), the number of the turn to score and a rubric, and answers with its score in a fixed
 tag, `<score>N</score>` with N from 0 to 10. The score is the last such tag in the answer
 (reasoning may come first); an answer without one, or with N outside 0..10, is unparsed: the
-request is retried, and after `max_retries` the turn gets the neutral score and is counted.
+request is retried, and after `max_retries` the turn gets the neutral score and is counted. A
+request the server refuses as wrong (a 4xx other than RETRIED_CLIENT_ERRORS) is not retried and
+not scored neutral: it raises JudgeRequestError, which fails the worker's run and names the status.
 The API key is read from the environment variable `api_key_env` names, at start-up; it never
 enters a config dump, a log line or a checkpoint.
 """
@@ -74,6 +76,15 @@ class JudgeAuthError(ValueError):
     """The judge server refused the API key (a config error, not a transient failure)."""
 
 
+class JudgeRequestError(ValueError):
+    """The judge server refused a request as malformed (a 4xx other than RETRIED_CLIENT_ERRORS):
+    every retry would be refused the same way, so it fails the group instead of scoring it neutral."""
+
+
+RETRIED_CLIENT_ERRORS = (408, 409, 429)
+"""Client errors that say "try again" (timeout, conflict, rate limit) rather than "this request is wrong"."""
+
+
 class HttpJudge:
     """Scores turns through the chat-completions API; must be used on one event loop."""
 
@@ -89,7 +100,7 @@ class HttpJudge:
         self.tokenizer = tokenizer
         self.client = AsyncOpenAI(base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=0)
         self._slots = asyncio.Semaphore(config.max_concurrency)
-        self._episode: tuple[str, str] | None = None
+        self._episode: tuple[tuple, str] | None = None
 
     async def check(self) -> None:
         """Fail fast: the server answers, knows the model, and accepts the key."""
@@ -109,10 +120,11 @@ class HttpJudge:
     def episode_text(self, trajectory) -> str:
         """The decoded episode; the selected turns of one trajectory are asked for together, so the
         last trajectory's text is kept instead of decoding it once per turn."""
-        if self._episode is None or self._episode[0] != trajectory.trajectory_id:
-            last = trajectory.turns[-1]
+        last = trajectory.turns[-1]
+        key = (trajectory.trajectory_id, last.prompt_ids, last.response_ids)  # a re-run episode keeps its id
+        if self._episode is None or self._episode[0] != key:
             text = self.tokenizer.decode(list(last.prompt_ids) + list(last.response_ids), skip_special_tokens=False)
-            self._episode = (trajectory.trajectory_id, text)
+            self._episode = (key, text)
         return self._episode[1]
 
     async def score(self, trajectory, turn: int) -> float | None:
@@ -131,7 +143,13 @@ class HttpJudge:
                         temperature=self.config.temperature)
             except openai.AuthenticationError as exc:
                 raise JudgeAuthError(f"the judge server refused the API key: {exc.message}") from None
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError):
+            except openai.APIStatusError as exc:
+                if 400 <= exc.status_code < 500 and exc.status_code not in RETRIED_CLIENT_ERRORS:
+                    raise JudgeRequestError(f"the judge server at {self.config.base_url} refused the request with "
+                                            f"{exc.status_code}: {exc.message} (retrying would get the same answer: "
+                                            f"check judge.http.model, max_tokens and the server's limits)") from None
+                continue
+            except (openai.APIConnectionError, openai.APITimeoutError):
                 continue
             score = parse_score(reply.choices[0].message.content if reply.choices else None)
             if score is not None:

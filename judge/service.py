@@ -3,7 +3,7 @@
 The worker's group-end pipeline awaits it like the teacher stage (so generation of the next
 round goes on while turns are judged). For every trainable turn of every trajectory the backend
 scores s in [0, 1] -- the environment's expert (`oracle`) or a judge model over HTTP (`http`,
-judge.http) -- concurrently, through a per-(trajectory, turn) cache; the turn's reward becomes
+judge.http) -- concurrently, through a cache keyed by the episode's tokens and the turn; the turn's reward becomes
 
     r = outcome_weight · R_outcome + judge_weight · (2s − 1) + the turn's own format term,
 
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 from collections import OrderedDict
 from typing import Literal, Protocol
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.contracts import Trajectory
@@ -45,7 +47,8 @@ class JudgeConfig(BaseModel):
     outcome_weight: float = Field(default=0.5, ge=0)
     judge_weight: float = Field(default=0.5, ge=0)
     cache_size: int = Field(default=65536, ge=0)
-    """(trajectory, turn) scores kept: a group re-delivered after a worker restart is not judged twice."""
+    """(episode, turn) scores kept: the same episode delivered again is not judged twice; a group
+    re-run after a worker restart (same ids, new tokens) is (`episode_digest`)."""
     max_restarts: int = Field(default=3, ge=0)
     """Times Ray restarts a dead judge service; pending calls are retried on the new incarnation."""
 
@@ -75,6 +78,17 @@ class JudgeBackend(Protocol):
 NEUTRAL = 0.5
 
 
+def episode_digest(trajectory: Trajectory) -> bytes:
+    """What the judge saw of an episode, as a cache key: its id and every token of it (the last
+    turn's prompt holds the ones before). A group re-run after a worker restart keeps its
+    trajectory ids but is a new episode, which must be judged again."""
+    last = trajectory.turns[-1]
+    digest = hashlib.blake2b(trajectory.trajectory_id.encode(), digest_size=16)
+    digest.update(np.asarray(last.prompt_ids, dtype=np.int64).tobytes())
+    digest.update(np.asarray(last.response_ids, dtype=np.int64).tobytes())
+    return digest.digest()
+
+
 def judged_reward(config: JudgeConfig, trajectory: Trajectory, turn: int, score: float) -> float:
     return (config.outcome_weight * trajectory.outcome_reward + config.judge_weight * (2 * score - 1)
             + trajectory.turns[turn].turn_reward)
@@ -102,7 +116,7 @@ class JudgeService:
         self.backend = backend
         self.name = name
         self.metrics = ActorMetrics("judge", name)
-        self._cache: OrderedDict[tuple[str, int], float | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[bytes, int], float | None] = OrderedDict()
         self._stats = {"num_turns_judged": 0, "num_neutral": 0, "num_cache_hits": 0}
 
     def __repr__(self) -> str:  # the dashboard's Repr column
@@ -112,7 +126,7 @@ class JudgeService:
         await self.backend.check()
 
     async def _score(self, trajectory: Trajectory, turn: int) -> float:
-        key = (trajectory.trajectory_id, turn)
+        key = (episode_digest(trajectory), turn)
         if key in self._cache:
             self._stats["num_cache_hits"] += 1
             score = self._cache[key]

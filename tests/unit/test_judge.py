@@ -15,7 +15,7 @@ from buffer.contracts import Trajectory, Turn
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.protocol import ToolCall
-from judge.http import HttpJudge, HttpJudgeConfig, JudgeAuthError, judge_messages, parse_score
+from judge.http import HttpJudge, HttpJudgeConfig, JudgeAuthError, JudgeRequestError, judge_messages, parse_score
 from judge.oracle import OracleJudge
 from judge.service import JudgeConfig, JudgeService, judged_reward
 from learner.models import ModelConfig, load_tokenizer
@@ -119,6 +119,13 @@ def test_the_service_judges_trainable_turns_once_and_counts_neutral_ones(tok):
     asyncio.run(service.judge([t]))  # a re-delivered group: nothing judged twice
     assert sorted(backend.calls) == [(t.trajectory_id, k) for k in (0, 2, 3)]
     assert service.stats() == {"num_turns_judged": 3, "num_neutral": 2, "num_cache_hits": 3}
+    # The group re-run after a worker restart: same trajectory ids, another episode (here a
+    # different last response). Its turns are judged again, never given the first run's scores.
+    last = t.turns[-1]
+    rerun = dataclasses.replace(t, turns=t.turns[:-1] + (dataclasses.replace(last, prompt_ids=(1, 2, 4)),))
+    backend.scores = {0: 0.0, 2: 1.0}
+    judged, = asyncio.run(service.judge([rerun]))
+    assert judged.turns[0].turn_reward == pytest.approx(-0.5 - 0.5) and len(backend.calls) == 6
 
 
 def test_a_judge_score_that_is_nan_or_out_of_range_is_rejected_as_neutral(tok):
@@ -182,6 +189,11 @@ def test_http_judge_retries_failures_and_unparsed_answers_then_gives_up(tok, ser
     user = OpenAIStyle.requests[0]["messages"][1]["content"]
     assert "Score turn 2 of" in user and tok.decode(t.turns[-1].response_ids) in user
     assert asyncio.run(run([(503, "")] * 3)) is None  # after its retries: no score (the service makes it neutral)
+    assert asyncio.run(run([(429, ""), (200, "<score>3</score>")])) == 0.3  # rate-limited: retried
+    OpenAIStyle.requests = []
+    with pytest.raises(JudgeRequestError, match="refused the request with 400"):  # not retried, not neutral
+        asyncio.run(run([(400, ""), (200, "<score>3</score>")]))
+    assert len(OpenAIStyle.requests) == 1
     monkeypatch.setenv("JUDGE_KEY", "wrong")
     with pytest.raises(JudgeAuthError, match="refused the API key"):
         asyncio.run(run([]))
