@@ -7,10 +7,12 @@ and the buffer stores each group once (`put_group`): no episode is lost or dupli
 
 A `run` that raises (its engine died, say: vLLM's engine core can fail under the actor)
 leaves the actor alive but useless, so the pool kills it and lets Ray restart it like a
-crashed one. A worker that failed more than `max_restarts` times leaves the pool
-and its leased groups go back to the buffer's admission (`abort_owner`), so the learner
+crashed one. A worker that failed more than `max_restarts` times in a row leaves the
+pool and its leased groups go back to the buffer's admission (`abort_owner`), so the learner
 does not wait for groups that will never come; with no worker left the job fails, naming
-the last error.
+the last error. "In a row": a worker that finished an episode since its last failure starts
+counting again (`FailuresInARow`), so a long run survives any number of spaced failures; Ray's
+own restart count (lifetime) is unlimited, the pool decides.
 """
 
 from __future__ import annotations
@@ -24,6 +26,25 @@ from learner.models import ModelConfig
 EXTRA_WORKER_SEEDS = 100_000_000
 """First task seed of workers added after the pool started (the first workers' streams,
 i * num_workers + w, would need 10^8 groups to get there)."""
+
+
+class FailuresInARow:
+    """Failed runs per worker since it last made progress (finished an episode)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._counts: dict[int, int] = {}
+
+    def failed(self, index: int) -> bool:
+        """Count a failure; True while the worker may be restarted (at most `limit` in a row)."""
+        self._counts[index] = self._counts.get(index, 0) + 1
+        return self._counts[index] <= self.limit
+
+    def progressed(self, index: int) -> None:
+        self._counts.pop(index, None)
+
+    def __getitem__(self, index: int) -> int:
+        return self._counts.get(index, 0)
 
 
 class RolloutPool:
@@ -68,8 +89,7 @@ class RolloutPool:
         self._started = False
         self._stopping = False
         self.num_failed_runs = 0
-        self._failures: dict[int, int] = {}
-        """Failed runs per worker index (reset when a run returns); Ray restarts an actor at most max_restarts times."""
+        self._failures = FailuresInARow(max_restarts)
         self._weights: tuple[Any, int] | None = None
         """The latest published (ObjectRef of the weights, version)."""
         self._restarting: dict[int, Any] = {}
@@ -80,7 +100,7 @@ class RolloutPool:
 
     def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int],
                     teacher_retired: bool = False, env_placement: tuple[float, list] | None = None):
-        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": -1,
                                    "max_task_retries": 0, "max_concurrency": 8}
         if self.named:
             options["name"] = f"worker-{index}"
@@ -139,7 +159,7 @@ class RolloutPool:
             try:
                 ray.get(ref)
                 del self._runs[index]
-                self._failures.pop(index, None)
+                self._failures.progressed(index)
             except ray.exceptions.ActorUnavailableError as exc:
                 if index in self._restarting:  # the restart of a failure already counted: ask again soon
                     if self._stopping:
@@ -158,7 +178,7 @@ class RolloutPool:
                 ray.kill(self.workers[index], no_restart=False)
                 self._failed(index, exc, old_pid)
         if not self.active:
-            raise RuntimeError(f"every rollout worker failed more than max_restarts={self.max_restarts} times; "
+            raise RuntimeError(f"every rollout worker failed more than max_restarts={self.max_restarts} times in a row; "
                                f"last error: {list(self.retired.values())[-1]}")
         return not self._runs
 
@@ -188,11 +208,11 @@ class RolloutPool:
         import ray
 
         self.num_failed_runs += 1
-        self._failures[index] = self._failures.get(index, 0) + 1
+        may_restart = self._failures.failed(index)
         if self._stopping:  # Ray restarts the actor; its run is over
             del self._runs[index]
             return
-        if self._failures[index] <= self.max_restarts:
+        if may_restart:
             self._runs[index] = self._run(index)
             self._restarting[index] = (self.workers[index].pid.remote(), old_pid)
             return
@@ -201,7 +221,7 @@ class RolloutPool:
         self.retired[index] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         ray.kill(self.workers[index], no_restart=True)
         released = ray.get(self.buffer.abort_owner.remote(f"worker-{index}"))
-        print(f"rollout worker {index} left the pool after {self._failures[index]} failed runs "
+        print(f"rollout worker {index} left the pool after {self._failures[index]} failed runs in a row "
               f"({self.retired[index]}); {released} leased groups released", flush=True)
 
     def wait(self, timeout_s: float = 600.0) -> None:
@@ -238,8 +258,13 @@ class RolloutPool:
     def stats(self) -> list[dict[str, float]]:
         """Each answering worker's counters since its previous answer (deltas). A worker that is
         restarting or retired does not answer; the counts of an incarnation between its last
-        answer and its death are lost."""
-        return list(self._gather({i: self.workers[i].stats.remote() for i in self.active}).values())
+        answer and its death are lost. A worker that finished an episode made progress: its
+        failures in a row start again from 0."""
+        answers = self._gather({i: self.workers[i].stats.remote() for i in self.active})
+        for index, delta in answers.items():
+            if delta.get("num_episodes"):
+                self._failures.progressed(index)
+        return list(answers.values())
 
     def evaluate(self, split: str, seeds: list[int], timeout_s: float = 600.0) -> list[dict[str, Any]]:
         """Greedy evaluation with the latest published weights, seeds spread over the workers; a

@@ -69,8 +69,9 @@ class RolloutConfig(BaseModel):
     env_actors: bool = False
     """Each environment slot in its own actor process, stepped concurrently (actors/env_actor.py):
     for slow environments (ALFWorld); BabyAI is fast enough in-process."""
-    env_max_restarts: int = Field(default=3, ge=0)
-    """Restarts of a crashed environment actor (its episode starts over each time)."""
+    env_max_restarts: int = Field(default=3, ge=-1)
+    """Restarts of a crashed environment actor over its lifetime (Ray counts them; -1: without
+    limit); its episode starts over each time."""
     segments: bool = False
     """Deliver a running episode's finished turns as soon as the weights move on past the oldest
     of them, instead of all at once when its group ends: a long episode's early turns reach the
@@ -225,6 +226,10 @@ class RolloutWorker:
         start = time.perf_counter()
         state = weights_as_tensors(await ref)
         async with self._engine_lock:  # an eval may be generating on another thread
+            # `run` and `evaluate` both apply what was published; the one whose fetch finished
+            # last may hold older weights than the engine has by now: versions only go forward.
+            if version <= self.engine.version:
+                return
             await asyncio.get_running_loop().run_in_executor(None, self.engine.update_weights, state, version)
         self._stats["weight_sync_s"] += time.perf_counter() - start
         self.metrics.observe("weight_load_seconds", time.perf_counter() - start)

@@ -49,8 +49,9 @@ class JudgeConfig(BaseModel):
     cache_size: int = Field(default=65536, ge=0)
     """(episode, turn) scores kept: the same episode delivered again is not judged twice; a group
     re-run after a worker restart (same ids, new tokens) is (`episode_digest`)."""
-    max_restarts: int = Field(default=3, ge=0)
-    """Times Ray restarts a dead judge service; pending calls are retried on the new incarnation."""
+    max_restarts: int = Field(default=3, ge=-1)
+    """Times Ray restarts a dead judge service over the job's lifetime (-1: without limit); pending
+    calls are retried on the new incarnation."""
 
     @model_validator(mode="after")
     def _some_weight(self) -> "JudgeConfig":

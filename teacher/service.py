@@ -57,8 +57,9 @@ class TeacherConfig(BaseModel):
     top_k: int = Field(default=0, ge=0)
     """Also return the teacher's top-k tokens at every response position (for `learner.algorithm.topk_kl_coef`);
     0: only the sampled tokens' log-probs."""
-    max_restarts: int = Field(default=3, ge=0)
-    """Times Ray restarts a dead teacher service; its pending `score` calls are retried on the
+    max_restarts: int = Field(default=3, ge=-1)
+    """Times Ray restarts a dead teacher service over the job's lifetime (Ray counts them; -1:
+    without limit, for long runs); its pending `score` calls are retried on the
     new incarnation (scoring is a pure function of the trajectories, so a retry duplicates nothing)."""
 
     @model_validator(mode="after")
