@@ -321,14 +321,13 @@ def check_run_dir(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
 
 def connect(config: ClusterConfig, namespace: str):
     """Join the configured cluster (or start an embedded node) in `namespace`, where the run's
-    named actors live (`ray.get_actor("worker-0", namespace=...)`)."""
-    from cluster.local import configure_loopback
-
-    configure_loopback()
-    import ray
-
+    named actors live (`ray.get_actor("worker-0", namespace=...)`). Only the embedded node gets
+    the loopback settings (cluster.local.LOOPBACK_ENV, Ray's auth turned off among them); a
+    cluster is joined with the environment as the user set it."""
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
+        import ray
+
         return ray.init(address=address, namespace=namespace)
     from cluster.local import init_local_ray
 

@@ -20,6 +20,40 @@ from learner.models import ModelConfig
 from learner.trainer import LearnerConfig, Trainer
 
 
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the (Linux) network interface holding IPv4 `address`, None when none does."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            if socket.inet_ntoa(answer[20:24]) == address:
+                return name
+    return None
+
+
+def socket_ifname(configured: str | None, node_address: str, environ: dict[str, str]) -> dict[str, str]:
+    """The SOCKET_IFNAME_VARS a rank sets before it joins: the configured interface; else none
+    where the environment already names one; else the interface of the node's Ray address.
+    Without them gloo binds the address the hostname resolves to, which may be a public one."""
+    if configured is None and any(environ.get(var) for var in SOCKET_IFNAME_VARS):
+        return {}
+    name = configured or interface_of(node_address)
+    if name is None:
+        raise ValueError(f"no network interface holds this node's Ray address {node_address}: set "
+                         f"learner.socket_ifname to the interface the learner ranks should use")
+    return dict.fromkeys(SOCKET_IFNAME_VARS, name)
+
+
 def shard_by_episode(samples: list, rank: int, world_size: int) -> list:
     """This rank's samples: whole episodes, dealt round-robin in order of first appearance."""
     order: dict[str, int] = {}
@@ -59,11 +93,15 @@ class LearnerRank:
         docs/architecture.md) run the same placement on CPU."""
         from datetime import timedelta
 
+        import os
+
+        import ray
         import torch
         import torch.distributed as dist
 
         from cluster.metrics import ActorMetrics
 
+        os.environ.update(socket_ifname(self.config.socket_ifname, ray.util.get_node_ip_address(), dict(os.environ)))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(0)  # Ray gives each rank its own visible GPU

@@ -93,6 +93,11 @@ class LearnerConfig(BaseModel):
     packing: bool = True
     """Merge an episode's nested samples into one sequence (buffer.expansion)."""
     seed: int = 0
+    socket_ifname: str | None = None
+    """Network interface gloo and NCCL bind between ranks (their GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME); None: the variables as the environment sets them, else the interface
+    that carries the node's Ray address (lo on the embedded node), never whatever the hostname
+    resolves to."""
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     activation_checkpointing: bool = False

@@ -245,3 +245,17 @@ def test_resume_refuses_a_damaged_metrics_file_and_a_fresh_run_a_used_directory(
     assert check_run_dir(config, resume=False, overwrite=True) == {}
     assert check_run_dir(config.model_copy(update={"run": config.run.model_copy(update={"dir": str(tmp_path / "new")})}),
                          resume=False) == {}
+
+
+def test_joining_a_cluster_leaves_rays_auth_as_the_user_set_it(monkeypatch):
+    import os
+
+    import ray
+
+    from jobs.train import ClusterConfig, connect
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    seen = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs, auth=os.environ.get("RAY_AUTH_MODE")))
+    connect(ClusterConfig(address="10.0.0.5:6379"), "apprentice-x")
+    assert seen == {"address": "10.0.0.5:6379", "namespace": "apprentice-x", "auth": None}

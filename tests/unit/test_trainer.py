@@ -337,3 +337,15 @@ def test_a_re_save_that_crashes_midway_leaves_a_complete_checkpoint_that_resume_
     shutil.rmtree(checkpoints / "step_000003")
     with pytest.raises(ValueError, match="trainer_state.json is missing"):  # none verifies: the newest's problem
         latest_checkpoint(tmp_path)
+
+
+def test_learner_ranks_bind_the_interface_of_the_nodes_ray_address_not_the_hostnames():
+    from learner.group import interface_of, socket_ifname
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("203.0.113.77") is None
+    both = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    assert socket_ifname(None, "127.0.0.1", {}) == dict.fromkeys(both, "lo")  # the embedded node
+    assert socket_ifname(None, "127.0.0.1", {"NCCL_SOCKET_IFNAME": "ib0"}) == {}  # the user's environment wins
+    assert socket_ifname("eth9", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "x"}) == dict.fromkeys(both, "eth9")
+    with pytest.raises(ValueError, match="no network interface holds this node's Ray address 203.0.113.77"):
+        socket_ifname(None, "203.0.113.77", {})
