@@ -68,22 +68,29 @@ class RemoteEnv:
     call and return it in flight (`Pending`), so the episode runner can go on without it."""
 
     def __init__(self, config: EnvConfig, num_cpus: float = 0.0, max_restarts: int = 3,
-                 scheduling_strategy: Any = "DEFAULT") -> None:
-        """`scheduling_strategy`: the plan's bundle for this actor (cluster.plan, role `env`)."""
+                 scheduling_strategy: Any = "DEFAULT", call_timeout_s: float = 120.0) -> None:
+        """`scheduling_strategy`: the plan's bundle for this actor (cluster.plan, role `env`);
+        `call_timeout_s`: a call not answered within it finds the actor hung (`_get`)."""
         import ray
 
+        self.call_timeout_s = call_timeout_s
         self.actor = ray.remote(_EnvActor).options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0,
                                                    scheduling_strategy=scheduling_strategy).remote(config)
         self.system_prompt, self.splits, self.task_types, self.tools = self._get(self.actor.describe.remote())
         self._pid = -1
         """The process of the episode's reset (calls to another process fail as a crash)."""
 
-    @staticmethod
-    def _get(ref):
+    def _get(self, ref):
+        """The call's result; EnvCrashed when the actor died, or did not answer within
+        `call_timeout_s` -- then it is hung: killed, and Ray restarts it like a crashed one."""
         import ray
 
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=self.call_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actor, no_restart=False)
+            raise EnvCrashed(f"the environment actor did not answer within {self.call_timeout_s} s: killed as hung, "
+                             f"Ray restarts it") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise EnvCrashed(f"the environment actor died: {exc}") from exc
         except ray.exceptions.RayTaskError as exc:

@@ -274,7 +274,7 @@ class RolloutPool:
         deadline = time.monotonic() + timeout_s
         while True:
             parts = self._gather({i: self.workers[i].evaluate.remote(split, part, self._latest_weights())
-                                  for i, part in pending.items()})
+                                  for i, part in pending.items()}, max(deadline - time.monotonic(), 1.0))
             rows.extend(row for part in parts.values() for row in part)
             failed = [seed for i, part in pending.items() if i not in parts for seed in part]
             if not failed:
@@ -290,12 +290,25 @@ class RolloutPool:
                 alive = self.active
             pending = {i: failed[k::len(alive)] for k, i in enumerate(alive) if failed[k::len(alive)]}
 
-    def _gather(self, refs: dict[int, Any]) -> dict[int, Any]:
-        """Results of calls fanned out to workers; a worker that died or is restarting is left out."""
+    def _gather(self, refs: dict[int, Any], timeout_s: float | None = None) -> dict[int, Any]:
+        """Results of calls fanned out to workers; a worker that died or is restarting is left
+        out, and so is one that has not answered within `timeout_s` (default
+        `rollout.call_timeout_s`): it is hung, so it is killed and Ray restarts it (its `run`
+        then fails and the pool counts and restarts it like any crash)."""
         import ray
 
+        if not refs:
+            return {}
+        timeout_s = self.config.call_timeout_s if timeout_s is None else timeout_s
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        ready = set(ready)
         out = {}
         for index, ref in refs.items():
+            if ref not in ready:
+                print(f"rollout worker {index} did not answer within {timeout_s:.0f} s: it is hung, killed and "
+                      f"restarted", flush=True)
+                ray.kill(self.workers[index], no_restart=False)
+                continue
             try:
                 out[index] = ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:

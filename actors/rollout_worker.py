@@ -66,6 +66,13 @@ class RolloutConfig(BaseModel):
     """Torch threads of the HF engine on CPU; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
+    call_timeout_s: float = Field(default=120.0, gt=0)
+    """A worker that has not answered a driver call within this (weights, stats, stop, the
+    teacher's retirement; an evaluation gets the evaluation's own deadline) is hung: the pool
+    kills it and restarts it like a crashed one."""
+    env_call_timeout_s: float = Field(default=120.0, gt=0)
+    """An environment actor (`env_actors`) that has not answered a reset or step within this is
+    hung: it is killed, Ray restarts it, and its episode starts over like after a crash."""
     env_actors: bool = False
     """Each environment slot in its own actor process, stepped concurrently (actors/env_actor.py):
     for slow environments (ALFWorld); BabyAI is fast enough in-process."""
@@ -262,7 +269,8 @@ class RolloutWorker:
         if use not in self._env_sets:
             num_cpus, strategies = self._env_placement
             first = ENV_USES.index(use) * self.config.num_envs
-            self._env_sets[use] = [RemoteEnv(self.env_config, num_cpus, self.config.env_max_restarts, strategy)
+            self._env_sets[use] = [RemoteEnv(self.env_config, num_cpus, self.config.env_max_restarts, strategy,
+                                               self.config.env_call_timeout_s)
                                    for strategy in strategies[first:first + self.config.num_envs]]
         envs = iter(self._env_sets[use])
         return lambda: next(envs)

@@ -4,6 +4,8 @@ with its episode started over, exactly once in the results."""
 import os
 import signal
 
+import pytest
+
 from actors.agent_loop import EpisodeRunner, EpisodeTask, LoopConfig, run_episodes
 from actors.env_actor import RemoteEnv
 from actors.expert import ExpertPolicy
@@ -21,26 +23,28 @@ def test_env_actors_play_the_same_episodes_as_in_process(ray_session):
 
 
 class KillingExpert(ExpertPolicy):
-    """The expert, which SIGKILLs one environment actor's process once, mid-episode (after answering:
-    a model policy never calls its environments while it generates)."""
+    """The expert, which sends one environment actor's process a signal once, mid-episode (after
+    answering: a model policy never calls its environments while it generates): SIGKILL, or
+    SIGSTOP to leave it alive but hung."""
 
-    def __init__(self, victim: RemoteEnv, at_round: int):
-        self.victim, self.at_round, self.round = victim, at_round, 0
+    def __init__(self, victim: RemoteEnv, at_round: int, signum: int = signal.SIGKILL):
+        self.victim, self.at_round, self.round, self.signum = victim, at_round, 0, signum
 
     def respond(self, episodes):
         responses = super().respond(episodes)
         self.round += 1
         if self.round == self.at_round:  # while "generating": before the round's environment steps
-            os.kill(self.victim.pid(), signal.SIGKILL)
+            os.kill(self.victim.pid(), self.signum)
         return responses
 
 
-def test_a_killed_env_actor_is_restarted_and_its_episode_rerun_once(ray_session):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_killed_or_hung_env_actor_is_restarted_and_its_episode_rerun_once(ray_session, signum):
     config = default_env_config()
-    envs = [RemoteEnv(config, max_restarts=2) for _ in range(2)]
+    envs = [RemoteEnv(config, max_restarts=2, call_timeout_s=3.0) for _ in range(2)]
     first_pid = envs[0].pid()
     runner = EpisodeRunner(iter(envs).__next__, 2, LoopConfig(max_turns=64))
-    policy = KillingExpert(envs[0], at_round=3)
+    policy = KillingExpert(envs[0], at_round=3, signum=signum)
     pending = [EpisodeTask("train", s) for s in range(4)][::-1]
     results = []
     while pending or runner.num_active:

@@ -302,10 +302,11 @@ def test_a_worker_that_keeps_failing_leaves_the_pool_and_the_job_fails(ray_sessi
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
 
 
-def test_driver_calls_survive_workers_killed_while_weights_are_published_and_during_an_eval(ray_session):
+def test_driver_calls_survive_a_worker_hung_while_weights_are_published_and_one_killed_during_an_eval(ray_session):
     """The driver's fan-out calls (publish, stats, totals, evaluate, stop) go on past a worker
-    that died under them; a restarted worker evaluates with the latest weights, and an eval
-    whose worker died has every seed played exactly once."""
+    that hung (SIGSTOP: alive, not answering; killed once `rollout.call_timeout_s` passed) or died
+    under them; a restarted worker evaluates with the latest weights, and an eval whose worker
+    died has every seed played exactly once."""
     import threading
 
     import ray
@@ -313,14 +314,14 @@ def test_driver_calls_survive_workers_killed_while_weights_are_published_and_dur
     from learner.models import load_model
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    pool = RolloutPool(2, rollout_config(), NANO, buffer, num_cpus=0.25, max_restarts=3)
+    pool = RolloutPool(2, rollout_config(call_timeout_s=5.0), NANO, buffer, num_cpus=0.25, max_restarts=3)
     pids = ray.get([w.pid.remote() for w in pool.workers])
     pool.start()
     deadline = time.monotonic() + 120
     while ray.get(buffer.stats.remote())["num_put"] == 0:  # both are rolling out
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    os.kill(pids[0], signal.SIGKILL)
+    os.kill(pids[0], signal.SIGSTOP)
     pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1)
     pool.stats()
     pool.group_totals()
