@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -80,11 +81,20 @@ class RunConfig(BaseModel):
     """Stop (checkpoint, export) once the warm start and loop have run this long; None: no limit.
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
+    """The learner trains on what it has after waiting this long for a full batch."""
+    stall_timeout_s: float = Field(default=1800.0, gt=0)
+    """No sample at all for this long stops the run (checkpointed, exit 1, naming what the workers
+    and the buffer report) instead of waiting forever."""
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """Stop the run after this many learner steps in a row skipped for a non-finite loss or
     gradient norm or a batch without a trainable token (its latest checkpoint holds the last good
     version); each is skipped (no update, no publish) and counted (`nonfinite_steps`,
     `empty_batches`)."""
+    stop_timeout_s: float = Field(default=120.0, gt=0)
+    """After SIGINT/SIGTERM the run checkpoints and exports; if that has not ended within this, the
+    process exits at once (jobs.train.StopSignals). `ray job stop` sends SIGKILL
+    $RAY_JOB_STOP_WAIT_TIME_S (Ray's default: 3) seconds after its SIGTERM: raise that on the head
+    to let a stopped job checkpoint."""
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
     """None: no Prometheus endpoint."""
@@ -386,13 +396,42 @@ def main(argv: list[str] | None = None) -> int:
                    allow_change=tuple(key for key in args.allow_change.split(",") if key))
 
 
+class StopSignals:
+    """SIGINT/SIGTERM: the first asks the run to stop after its step (checkpoint, `hf/`); a second
+    one, or `stop_timeout_s` after the first (a step, an evaluation or a teardown that does not
+    end), ends the process at once. Ray then removes the job's actors; the latest checkpoint
+    and the metrics written with it stay."""
+
+    def __init__(self, stop_timeout_s: float) -> None:
+        self.requested = False
+        self.stop_timeout_s = stop_timeout_s
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame) -> None:
+        if self.requested:
+            self._exit(signum, "again")
+        self.requested = True
+        print(f"signal {signum}: stopping after this step (at most {self.stop_timeout_s:.0f} s; a second signal "
+              f"exits at once)", flush=True)
+        timer = threading.Timer(self.stop_timeout_s, self._exit, (signum, f"{self.stop_timeout_s:.0f} s ago"))
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _exit(signum: int, when: str) -> None:
+        print(f"signal {signum} {when}: exiting now; the latest checkpoint is kept", flush=True)
+        os._exit(128 + signum)
+
+
 def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None,
             allow_change: tuple[str, ...] = (), overwrite: bool = False) -> int:
     """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
     stopped on a failure it names). `finish` runs on the trained run before its actors stop
     (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from jobs.training import NonFiniteTraining, TrainingRun
+    from jobs.training import NonFiniteTraining, RunStalled, TrainingRun
+    from learner.group import LearnerHung
 
     try:  # before any actor starts
         changes = check_run_dir(config, resume, allow_change, overwrite)
@@ -416,27 +455,24 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
     print(config.cluster.plan.describe(), flush=True)
     run = TrainingRun(config, resume=resume)
-    stop = {"requested": False}
-
-    def request_stop(signum, _frame):
-        print(f"signal {signum}: stopping after this step", flush=True)
-        stop["requested"] = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopSignals(config.run.stop_timeout_s)
     limit = config.run.max_wall_s
     deadline = None if limit is None else time.monotonic() + limit
 
     def should_stop() -> bool:
-        return stop["requested"] or (deadline is not None and time.monotonic() > deadline)
+        return stop.requested or (deadline is not None and time.monotonic() > deadline)
 
     try:
         run.start(should_stop)
         run.loop(should_stop)
         if finish is not None:
             finish(run)
-    except NonFiniteTraining as exc:
+    except (NonFiniteTraining, RunStalled) as exc:
         print(f"run stopped: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except LearnerHung as exc:
+        print(f"run stopped: {exc}; continue with: python -m jobs.train --resume {run.dir} (from its latest "
+              f"checkpoint)", file=sys.stderr, flush=True)
         return 1
     except ray.exceptions.RayActorError as exc:
         message = run.stop_message(exc)

@@ -99,6 +99,10 @@ class NonFiniteTraining(RuntimeError):
     """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
 
 
+class RunStalled(RuntimeError):
+    """No sample reached the learner for run.stall_timeout_s."""
+
+
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
@@ -318,10 +322,15 @@ class TrainingRun:
         run = self.config.run
         B = self.config.buffer.batch_size
         last = time.perf_counter()
+        last_sample = time.monotonic()
         while self.version < self.warm_steps + run.steps and not should_stop():
             wait_start = time.perf_counter()
             batch = self._wait_for_batch(B, should_stop)
             idle = time.perf_counter() - wait_start
+            if batch.num_samples:
+                last_sample = time.monotonic()
+            elif time.monotonic() - last_sample > run.stall_timeout_s and not should_stop():
+                self._stalled(time.monotonic() - last_sample)
             if batch.num_samples < B:
                 totals = self.pool.group_totals()
                 hint = ""
@@ -369,6 +378,22 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _stalled(self, waited_s: float) -> None:
+        """No sample for run.stall_timeout_s: checkpoint, then RunStalled with what the workers
+        and the buffer say (a hung actor is restarted by the pool; this catches what no timeout
+        of one call does, e.g. every group admitted but never delivered)."""
+        import ray
+
+        totals = self.pool.group_totals()
+        buffer = ray.get(self.buffer.stats.remote())
+        path = self.checkpoint()
+        raise RunStalled(
+            f"no sample reached the learner for {waited_s:.0f} s (run.stall_timeout_s) at version {self.version}: "
+            f"{len(self.pool.active)} rollout worker(s) in the pool ({len(self.pool.retired)} left it), "
+            f"{totals['num_groups_delivered']} groups delivered by their current incarnations, buffer "
+            f"{int(buffer['num_resident'])} samples resident. Checkpointed at {path}; continue with: "
+            f"python -m jobs.train --resume {self.dir}")
 
     def _skip_step(self, stats: dict) -> None:
         """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm

@@ -10,6 +10,7 @@ GPU the same API fits an NCCL broadcast from rank 0 to the engines.)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from buffer.actor import SampleBatch, fetch_samples
@@ -167,6 +168,14 @@ class LearnerRank:
         return [lp.tolist() for lp in self.trainer.evaluate_logprobs(to_sequences(samples, packing=False))]
 
 
+class LearnerHung(RuntimeError):
+    """Learner ranks that did not answer a call in time (`LearnerGroup._all`)."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 class LearnerGroup:
     """Driver-side handle on N learner ranks."""
 
@@ -189,18 +198,29 @@ class LearnerGroup:
                 options["scheduling_strategy"] = placement[r]
             self.ranks.append(actor.options(**options).remote(r, num_ranks, config, model))
         self.published: dict[str, Any] = {}
+        self.call_timeout_s = max(config.call_timeout_s, join_timeout_s)  # the first call builds the model
         address = ray.get(self.ranks[0].listen.remote())
         self._all("join", address, join_timeout_s)
+        self.call_timeout_s = config.call_timeout_s
 
     def _all(self, method: str, *args) -> list:
         """The call on every rank. A rank that died fails the call at once (the others would
-        wait for it in a collective until the process-group timeout)."""
+        wait for it in a collective until the process-group timeout); ranks that have not
+        answered within `learner.call_timeout_s` are hung: killed (like a dead rank, the run
+        cannot go on without them), and LearnerHung names them."""
         import ray
 
         refs = [getattr(r, method).remote(*args) for r in self.ranks]
         pending = list(refs)
+        deadline = time.monotonic() + self.call_timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                hung = [r for r, ref in enumerate(refs) if ref in pending]
+                for r in hung:
+                    ray.kill(self.ranks[r], no_restart=True)
+                raise LearnerHung(f"learner rank(s) {hung} did not answer `{method}` within {self.call_timeout_s:.0f} s "
+                                  f"(learner.call_timeout_s): killed as hung", hung)
             ray.get(ready[0])
         return ray.get(refs)
 

@@ -93,6 +93,9 @@ class LearnerConfig(BaseModel):
     packing: bool = True
     """Merge an episode's nested samples into one sequence (buffer.expansion)."""
     seed: int = 0
+    call_timeout_s: float = Field(default=1800.0, gt=0)
+    """A rank that has not answered a call (a step, a publish, a checkpoint) within this is hung
+    (a collective that never completes, say): the run stops as if it had died, naming it."""
     socket_ifname: str | None = None
     """Network interface gloo and NCCL bind between ranks (their GLOO_SOCKET_IFNAME and
     NCCL_SOCKET_IFNAME); None: the variables as the environment sets them, else the interface

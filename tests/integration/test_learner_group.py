@@ -1,5 +1,7 @@
-"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume."""
+"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume, a hung rank."""
 
+import os
+import signal
 
 import pytest
 
@@ -7,7 +9,7 @@ from actors.engine import weights_as_tensors
 from buffer.actor import BufferConfig, create_buffer_actor, encode_trajectories
 from buffer.contracts import Trajectory, Turn
 from learner.algorithms import AlgorithmConfig
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, LearnerHung
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
 
@@ -55,9 +57,14 @@ def test_two_ranks_match_one_rank_and_resume(ray_session, tmp_path):
     for group in (one, two):  # free their CPUs: the resumed group needs them
         for r in group.ranks:
             ray.kill(r)
-    resumed = LearnerGroup(2, cfg, NANO, num_cpus=0.5)
+    resumed = LearnerGroup(2, cfg.model_copy(update={"call_timeout_s": 3.0}), NANO, num_cpus=0.5)
     assert resumed.load(path) == {"retired": True} and resumed.version() == 1
     assert resumed.train(batch)["loss"] == pytest.approx(expected, abs=1e-6)
+    # Rank 1 hangs (alive, not answering): rank 0 waits in the step's collectives, and the
+    # group names rank 1 within learner.call_timeout_s instead of waiting forever.
+    os.kill(ray.get(resumed.ranks[1].__ray_call__.remote(lambda self: os.getpid())), signal.SIGSTOP)
+    with pytest.raises(LearnerHung, match=r"learner rank\(s\) \[0, 1\] did not answer `train` within 3 s"):
+        resumed.train(batch)
     for r in resumed.ranks:
         ray.kill(r)
 

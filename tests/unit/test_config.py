@@ -259,3 +259,27 @@ def test_joining_a_cluster_leaves_rays_auth_as_the_user_set_it(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs, auth=os.environ.get("RAY_AUTH_MODE")))
     connect(ClusterConfig(address="10.0.0.5:6379"), "apprentice-x")
     assert seen == {"address": "10.0.0.5:6379", "namespace": "apprentice-x", "auth": None}
+
+
+@pytest.mark.parametrize("second_signal", [True, False], ids=["second-signal", "stop-timeout"])
+def test_a_stop_that_does_not_end_is_cut_short_by_a_second_signal_or_the_stop_timeout(second_signal):
+    # A driver blocked in a call that never returns (a hung step, a teardown): the first SIGTERM
+    # only asks for a stop; a second one, or run.stop_timeout_s later, ends the process.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("from jobs.train import StopSignals; import time; StopSignals(stop_timeout_s=3.0); "
+            "print('ready', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    if second_signal:
+        time.sleep(0.5)
+        assert proc.poll() is None  # the first only asked for a stop
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - start < (2.5 if second_signal else 10)
+    assert ("again: exiting now" if second_signal else "3 s ago: exiting now") in out
