@@ -70,6 +70,10 @@ class RolloutConfig(BaseModel):
     """A worker that has not answered a driver call within this (weights, stats, stop, the
     teacher's retirement; an evaluation gets the evaluation's own deadline) is hung: the pool
     kills it and restarts it like a crashed one."""
+    teacher_timeout_s: float = Field(default=600.0, gt=0)
+    """A teacher service that has not scored a group within this is hung: the worker kills it,
+    Ray restarts it and the call is made again there. Must exceed a teacher's restart (its model
+    load), which the next call waits for. (The judge has no such deadline yet.)"""
     env_call_timeout_s: float = Field(default=120.0, gt=0)
     """An environment actor (`env_actors`) that has not answered a reset or step within this is
     hung: it is killed, Ray restarts it, and its episode starts over like after a crash."""
@@ -190,12 +194,29 @@ class RolloutWorker:
         parts = split_by_route(trajectories, self.routes)
         self._teacher_calls += 1
         try:
-            scored = await asyncio.gather(*(self.teachers[name].score.remote([trajectories[i] for i in indices])
+            scored = await asyncio.gather(*(self._score_with(name, [trajectories[i] for i in indices])
                                             for name, indices in parts.items()))
         finally:
             self._teacher_calls -= 1
         # None: the teacher service rejected that trajectory's scores (and counted it).
         return [t for t in merge_routed(len(trajectories), parts, scored) if t is not None]
+
+    async def _score_with(self, name: str, trajectories: list) -> list:
+        """One teacher service's `score` of `trajectories`. A service that has not answered within
+        rollout.teacher_timeout_s is hung: it is killed, Ray restarts it, and the call is made
+        again there (a call to an actor killed on purpose is not retried by Ray). A service past
+        its restarts fails the call, and with it this worker's run (the pool restarts it)."""
+        import ray
+
+        while True:
+            call = asyncio.ensure_future(self.teachers[name].score.remote(trajectories))
+            done, _ = await asyncio.wait([call], timeout=self.config.teacher_timeout_s)
+            if done:
+                return call.result()
+            print(f"{self.owner}: teacher {name} did not answer within {self.config.teacher_timeout_s:.0f} s: killed "
+                  f"as hung; asking its restarted incarnation", flush=True)
+            ray.kill(self.teachers[name], no_restart=False)
+            call.add_done_callback(lambda c: c.exception())  # its ActorDiedError is expected, not an error
 
     async def retire_teacher(self) -> None:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so

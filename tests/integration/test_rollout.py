@@ -5,6 +5,7 @@ import signal
 import sys
 import time
 
+import pytest
 
 from actors.agent_loop import LoopConfig
 from actors.engine import SamplingConfig
@@ -216,20 +217,23 @@ def test_segments_deliver_running_episodes_turns_once_across_a_killed_worker(ray
     assert stats["num_duplicate_turns"] >= 1 and stats["num_duplicate_groups"] == 0
 
 
-def test_a_killed_teacher_service_is_restarted_and_its_requests_retried(ray_session):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_killed_or_hung_teacher_service_is_restarted_and_its_requests_retried(ray_session, signum):
+    """SIGSTOP leaves the teacher alive but silent: the worker kills it after
+    rollout.teacher_timeout_s, and the call is retried on the restarted service as after a crash."""
     import ray
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
                                      BabyAITextConfig(), num_cpus=0)
     pid = ray.get(teacher.stats.remote())["pid"]
-    pool = RolloutPool(1, rollout_config(), NANO, buffer, [teacher], num_cpus=0.5,
+    pool = RolloutPool(1, rollout_config(teacher_timeout_s=10.0), NANO, buffer, [teacher], num_cpus=0.5,
                        algorithm=AlgorithmConfig(name="opd"))
     pool.start(max_groups_per_worker=4)
     deadline = time.monotonic() + 120
     while ray.get(teacher.stats.remote())["num_requests"] < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signum)
     pool.wait(timeout_s=300)
     assert ray.get(teacher.stats.remote())["pid"] != pid
     assert pool.num_failed_runs == 0  # the worker's `score` call was retried, not failed
@@ -286,7 +290,6 @@ def test_a_worker_whose_engine_dies_is_restarted_without_loss(ray_session, tmp_p
 
 def test_a_worker_that_keeps_failing_leaves_the_pool_and_the_job_fails(ray_session):
     import ray
-    import pytest
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
