@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +68,48 @@ def untied(state_dict: dict) -> dict:
     return out
 
 
+SHM = Path("/dev/shm")
+STAGING_PREFIX = "apprentice-weights-"
+
+
+def staging_dir(num_bytes: int, shm: Path = SHM) -> Path:
+    """A new directory for one weight reload: in shared memory (no disk write) when it has room
+    for `num_bytes` and a margin -- a container's default /dev/shm is 64 MiB -- else in the
+    temporary directory on disk. Its name carries this process's pid, so a later process can
+    remove what a killed one left (`remove_stale_staging`)."""
+    root = None
+    if shm.is_dir() and shutil.disk_usage(shm).free >= 2 * num_bytes:
+        root = shm
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
+
+
+def remove_stale_staging(roots: tuple[Path, ...] = (SHM, Path(tempfile.gettempdir())),
+                         min_age_s: float = 600.0) -> list[Path]:
+    """Remove the staging directories of processes that are gone (a SIGKILLed worker never
+    reaches its `finally`); returns them. In /dev/shm they would hold memory until a reboot.
+    Only those older than `min_age_s` (a reload takes seconds): a pid seen from another pid
+    namespace sharing the directory may name a live process."""
+    removed = []
+    for root in roots:
+        for path in root.glob(f"{STAGING_PREFIX}*-*") if root.is_dir() else ():
+            pid = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)) or time.time() - path.stat().st_mtime < min_age_s:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class VLLMEngine:
     """One `vllm.LLM` in this process."""
 
@@ -86,6 +129,8 @@ class VLLMEngine:
         import torch
         from vllm import LLM
 
+        remove_stale_staging()
+        self._staged_on_disk = False
         self.model_dir = Path(model_dir)
         self.stop_token_ids = list(stop_token_ids)
         self._version = version
@@ -174,10 +219,15 @@ class VLLMEngine:
         """Reload full weights in place through vLLM's own loader, then drop the prefix cache."""
         from safetensors.torch import save_file
 
-        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        staging = Path(tempfile.mkdtemp(prefix="apprentice-weights-", dir=root))
+        untied_state = untied(state_dict)
+        num_bytes = sum(t.numel() * t.element_size() for t in untied_state.values())
+        staging = staging_dir(num_bytes)
+        if staging.parent != SHM and not self._staged_on_disk:
+            self._staged_on_disk = True
+            print(f"weight reloads are staged on disk ({staging.parent}): {SHM} lacks room for twice their "
+                  f"{num_bytes / 2**20:.0f} MiB (a container's default is 64 MiB; e.g. docker --shm-size)", flush=True)
         try:
-            save_file(untied(state_dict), str(staging / "model.safetensors"))
+            save_file(untied_state, str(staging / "model.safetensors"))
             shutil.copy(self.model_dir / "config.json", staging / "config.json")
             self.llm.collective_rpc("reload_and_retie", kwargs={"weights_path": str(staging)})
             self.llm.reset_prefix_cache()
