@@ -32,7 +32,7 @@ from learning_opd import evaluate  # benchmarks/ is on sys.path when run as a sc
 
 
 def train(config: str, overrides: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "jobs.train", "--config", config, *overrides], check=True)
+    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides], check=True)
 
 
 def main() -> None:

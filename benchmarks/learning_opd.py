@@ -56,7 +56,8 @@ def main() -> None:
     random = evaluate(job, job.model.path, "random", run_dir / "eval_random", n)
     expert = evaluate(job, job.model.path, "expert", run_dir / "eval_expert", n)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "jobs.train", "--config", args.config, *args.overrides], check=True)
+    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.overrides],
+                   check=True)
     wall = time.perf_counter() - t0
     end = evaluate(job, str(run_dir / "hf"), "model", run_dir / "eval_end", n)
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()

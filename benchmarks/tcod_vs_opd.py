@@ -59,7 +59,7 @@ def main() -> None:
     out = Path(args.out)
     base = load_config(JobConfig, args.config)
     warm = out / "warm"
-    run("jobs.train", ["--config", args.config, f"run.dir={warm}", "run.steps=1", "run.eval_every=0",
+    run("jobs.train", ["--overwrite", "--config", args.config, f"run.dir={warm}", "run.steps=1", "run.eval_every=0",
                        "warm_start.export=true"])
     env = [f"env.{key}={json.dumps(value)}" for key, value in base.env.model_dump(mode="json").items()]
     experts = out / "expert"
@@ -74,7 +74,7 @@ def main() -> None:
     results, kls = {}, {}
     for arm, overrides in arms.items():
         run_dir = out / arm
-        run("jobs.train", ["--config", args.config, *common, f"run.dir={run_dir}", *overrides])
+        run("jobs.train", ["--overwrite", "--config", args.config, *common, f"run.dir={run_dir}", *overrides])
         results[arm] = evaluate(job, str(run_dir / "hf"), "model", run_dir / "eval_end", args.eval_tasks)
         kls[arm] = kl_by_turn(run_dir)
         print(f"{arm}: reverse KL by turn index " + " ".join(f"{v:.3f}" for v in kls[arm]), flush=True)

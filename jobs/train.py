@@ -191,77 +191,140 @@ class JobConfig(BaseModel):
         return self
 
 
-def preflight(config: JobConfig) -> None:
+class Checks:
+    """What a dry run found: each check that failed (name: problem) and each it could not run
+    (and why). A real start has none: its first failing check raises."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+        self.not_run: list[str] = []
+
+    def run(self, name: str, check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except ValueError as exc:
+            self.failed.append(str(exc) if str(exc).startswith(name) else f"{name}: {exc}")
+            return None
+
+
+def preflight(config: JobConfig, dry: Checks | None = None) -> None:
     """Checks that need the machine rather than the config alone, before any actor starts: Hub
     models are fetched into the cache, the models and their tokenizers load (path, chat
-    template), a remote teacher's context holds the prompt budget, the environment builds and has
-    the train and eval splits, and the metrics port is free. ValueError names the problem."""
+    template), remote teachers and the judge answer (and a remote teacher's context holds the
+    prompt budget), the environment builds and has the train and eval splits, and the metrics
+    port is free. ValueError names the first problem.
+
+    `dry` (a dry run): nothing is downloaded; every check runs and records its problem there;
+    a check that needs a model that is missing (or not in the cache yet) is said not run."""
     import importlib.util
     import socket
 
     from envs.privileged import PrivilegedContext
     from learner.models import fetch_model, load_tokenizer, resolve_model_dir
-    from teacher.privileged import check_built_teacher
 
+    def check(name: str, body: Callable[[], Any]) -> Any:
+        return body() if dry is None else dry.run(name, body)
+
+    unavailable: set[str] = set()
     # Hub names are downloaded here, once, before any actor reads them from the cache.
     for model in [config.model] + [t.model for t in config.teachers if t.backend in ("hf", "vllm")] + \
             ([config.judge.serve.model] if config.judge is not None and config.judge.serve is not None else []):
-        fetch_model(model)
-    load_tokenizer(config.model)
-    for teacher in config.teachers:
+        if dry is None:
+            fetch_model(model)
+        elif model.path not in unavailable and check(f"model {model.path}", lambda: resolve_model_dir(model)) is None:
+            unavailable.add(model.path)
+    student = None
+    if config.model.path not in unavailable:
+        student = check("model.path tokenizer", lambda: load_tokenizer(config.model))
+    for i, teacher in enumerate(config.teachers):
+        where = "teacher" if config.teacher is not None and i == 0 else "teacher_routes teacher"
         if teacher.backend == "remote":
-            from teacher.remote import check_server
-
-            _, max_len = check_server(teacher.remote, load_tokenizer(config.model))
-            if max_len and config.rollout.loop.max_context_tokens > max_len:
-                raise ValueError(f"rollout.loop.max_context_tokens ({config.rollout.loop.max_context_tokens}) is "
-                                 f"longer than the remote teacher's context at {teacher.remote.url} ({max_len} "
-                                 f"tokens): it would refuse to score long turns")
+            if student is None:
+                dry.not_run.append(f"{where} at {teacher.remote.url}: needs the student's tokenizer")
+            else:
+                check(f"{where} at {teacher.remote.url}", lambda: _check_remote_teacher(config, teacher, student))
         elif teacher.backend != "oracle":
-            load_tokenizer(teacher.model)
-            manifest = check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env,
-                                           config.rollout.loop.prompt)
-            if manifest is None and ALGORITHMS[config.learner.algorithm.name].retires \
-                    and config.learner.algorithm.retirement.teacher_success is None:
-                raise ValueError(f"learner.algorithm.retirement.teacher_success must be set: teacher "
-                                 f"{teacher.model.path!r} was not built by jobs.build_teacher, so its success "
-                                 f"with privileged context (SR_T) is unknown")
+            if teacher.model.path in unavailable:
+                dry.not_run.append(f"{where} {teacher.model.path}: its model is not available")
+            else:
+                check(f"{where} {teacher.model.path}", lambda: _check_model_teacher(config, teacher))
     for where, privileged in [("rollout.loop.privileged", config.rollout.loop.privileged)] + \
             [("teacher.privileged", t.privileged) for t in config.teachers]:
         if privileged.enabled:  # the skill bank loads, the environment has a map if one is asked for
-            try:
-                PrivilegedContext(privileged).check(make_env(config.env))
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
+            def loads() -> None:
+                try:
+                    PrivilegedContext(privileged).check(make_env(config.env))
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+
+            check(where, loads)
     if config.judge is not None and config.judge.backend == "http" and config.judge.serve is None:
         # reachable, model served, key accepted (a served judge is checked once its server is up)
-        import asyncio
-
-        from judge.http import HttpJudge
-
-        async def check_judge() -> None:
-            judge = HttpJudge(config.judge.http, load_tokenizer(config.model))
-            try:
-                await judge.check()
-            finally:
-                await judge.close()
-
-        asyncio.run(check_judge())
-    check_split(config.env, config.rollout.split, "rollout.split")
-    check_split(config.env, config.run.eval_split, "run.eval_split")
+        if student is None:
+            dry.not_run.append(f"judge at {config.judge.http.base_url}: needs the student's tokenizer")
+        else:
+            check(f"judge at {config.judge.http.base_url}", lambda: _check_http_judge(config, student))
+    check("rollout.split", lambda: check_split(config.env, config.rollout.split, "rollout.split"))
+    check("run.eval_split", lambda: check_split(config.env, config.run.eval_split, "run.eval_split"))
     algorithm = ALGORITHMS[config.learner.algorithm.name]
     if algorithm.curriculum is not None:  # B2F reads its expert trajectories here
-        algorithm.curriculum(config.learner.algorithm)
+        check("curriculum", lambda: algorithm.curriculum(config.learner.algorithm))
     if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError("run.tensorboard is true but the tensorboard package is not installed: "
-                         "pip install -e '.[tensorboard]', or set run.tensorboard=false")
+        check("run.tensorboard", lambda: _raise("run.tensorboard is true but the tensorboard package is not "
+                                                "installed: pip install -e '.[tensorboard]', or set run.tensorboard=false"))
     if config.run.metrics_port is not None:
-        with socket.socket() as probe:
-            try:
-                probe.bind((config.run.metrics_host, config.run.metrics_port))
-            except OSError as exc:
-                raise ValueError(f"run.metrics_port {config.run.metrics_port} on {config.run.metrics_host} is not "
-                                 f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
+        def port_free() -> None:
+            with socket.socket() as probe:
+                try:
+                    probe.bind((config.run.metrics_host, config.run.metrics_port))
+                except OSError as exc:
+                    raise ValueError(f"run.metrics_port {config.run.metrics_port} on {config.run.metrics_host} is not "
+                                     f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
+
+        check("run.metrics_port", port_free)
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+def _check_remote_teacher(config: JobConfig, teacher: TeacherConfig, student) -> None:
+    from teacher.remote import check_server
+
+    _, max_len = check_server(teacher.remote, student)
+    if max_len and config.rollout.loop.max_context_tokens > max_len:
+        raise ValueError(f"rollout.loop.max_context_tokens ({config.rollout.loop.max_context_tokens}) is longer "
+                         f"than the remote teacher's context at {teacher.remote.url} ({max_len} tokens): it would "
+                         f"refuse to score long turns")
+
+
+def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
+    from learner.models import load_tokenizer, resolve_model_dir
+    from teacher.privileged import check_built_teacher
+
+    load_tokenizer(teacher.model)
+    manifest = check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env,
+                                   config.rollout.loop.prompt)
+    if manifest is None and ALGORITHMS[config.learner.algorithm.name].retires \
+            and config.learner.algorithm.retirement.teacher_success is None:
+        raise ValueError(f"learner.algorithm.retirement.teacher_success must be set: teacher {teacher.model.path!r} "
+                         f"was not built by jobs.build_teacher, so its success with privileged context (SR_T) is "
+                         f"unknown")
+
+
+def _check_http_judge(config: JobConfig, student) -> None:
+    import asyncio
+
+    from judge.http import HttpJudge
+
+    async def check_judge() -> None:
+        judge = HttpJudge(config.judge.http, student)
+        try:
+            await judge.check()
+        finally:
+            await judge.close()
+
+    asyncio.run(check_judge())
 
 
 RESUME_MAY_CHANGE = ("run.", "cluster.address", "cluster.num_cpus")
@@ -288,15 +351,30 @@ def config_changes(saved: JobConfig, config: JobConfig) -> dict[str, tuple[Any, 
             if key != "run.dir" and old.get(key) != new.get(key)}
 
 
+RUN_OUTPUTS = ("config.yaml", "checkpoints", "metrics.parquet", "warm_start.parquet", "summary.json", "hf",
+               "warm_start_hf", "tensorboard")
+"""What a training run writes into run.dir (jobs.training); `--overwrite` removes these and nothing else."""
+
+
 def used_run_dir(run_dir: Path) -> list[str]:
-    """What a run left in `run_dir` (empty: unused)."""
+    """What a run left in `run_dir` that a new run would mix with (empty: unused)."""
     return [name for name in ("config.yaml", "checkpoints", "metrics.parquet") if (run_dir / name).exists()]
+
+
+def remove_run_outputs(run_dir: Path) -> None:
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def check_run_dir(config: JobConfig, resume: bool, allow_change: tuple[str, ...] = (),
                   overwrite: bool = False) -> dict[str, tuple[Any, Any]]:
     """Before anything starts. A fresh run refuses a directory another run used (its `latest`
-    checkpoint and metrics would mix with this run's) unless `overwrite`, which deletes it. A
+    checkpoint and metrics would mix with this run's) unless `overwrite` (run_job then removes
+    the RUN_OUTPUTS there, once every check passed). A
     resume needs a checkpoint that verifies and a readable metrics.parquet, and refuses a config
     that differs from the run's config.yaml outside RESUME_MAY_CHANGE and `allow_change`.
     Returns the accepted changes; ValueError names the problem."""
@@ -308,7 +386,7 @@ def check_run_dir(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
         used = used_run_dir(run_dir)
         if used and not overwrite:
             raise ValueError(f"run.dir {run_dir} holds another run ({', '.join(used)}): continue it with --resume "
-                             f"{run_dir}, choose another run.dir, or pass --overwrite to delete it first")
+                             f"{run_dir}, choose another run.dir, or pass --overwrite to start over there")
         return {}
     latest_checkpoint(run_dir)
     if (run_dir / "metrics.parquet").exists():
@@ -327,6 +405,52 @@ def check_run_dir(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
                          f"Continuing a checkpoint under other settings is refused unless you name the keys: "
                          f"--allow-change {','.join(refused)}")
     return changes
+
+
+def check_cluster(config: ClusterConfig) -> str:
+    """The plan fits the cluster the run would join (ValueError with need vs have); returns which
+    one: the configured cluster (joined and left, no actor started) or the embedded node."""
+    address = config.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        import ray
+
+        try:
+            ray.init(address=address)
+            available = ray.cluster_resources()
+        except ConnectionError as exc:
+            raise ValueError(f"no Ray cluster answers at {address}: {exc}") from None
+        finally:
+            ray.shutdown()
+        where = f"the cluster at {address}"
+    else:
+        available = {"CPU": float(config.num_cpus), "GPU": 0.0}
+        where = (f"the embedded node ({config.num_cpus} CPU, no GPU; set cluster.address or $RAY_ADDRESS to run "
+                 f"on a cluster)")
+    try:
+        config.plan.check(available)
+    except ValueError as exc:  # the plan is printed above it
+        raise ValueError(f"{str(exc).splitlines()[0]} on {where}") from None
+    return f"the plan fits {where}"
+
+
+def dry_run(config: JobConfig, resume: bool, allow_change: tuple[str, ...]) -> int:
+    """--dry-run: the resolved config and plan, then every check a real start makes before its
+    first actor -- the run directory, preflight, the plan against the cluster -- each failure
+    named, and each check that could not run said with why. Exit 2 when one failed."""
+    print(dump_config(config))
+    print(config.cluster.plan.describe())
+    checks = Checks()
+    checks.run("run.dir", lambda: check_run_dir(config, resume, allow_change))
+    preflight(config, checks)
+    fits = checks.run("cluster", lambda: check_cluster(config.cluster))
+    print("dry run:", "every check passed" if not checks.failed else f"{len(checks.failed)} check(s) failed")
+    for line in checks.failed:
+        print(f"  FAILED   {line}")
+    if fits:
+        print(f"  ok       {fits}")
+    for line in checks.not_run:
+        print(f"  not run  {line}")
+    return 2 if checks.failed else 0
 
 
 def connect(config: ClusterConfig, namespace: str):
@@ -352,12 +476,16 @@ def run_namespace(run: RunConfig) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML file with JobConfig sections")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and resource plan")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved config and resource plan, and run every check a start makes "
+                             "before its first actor (nothing is downloaded or started)")
     parser.add_argument("--resume", help="continue the run in this directory from its latest checkpoint")
     parser.add_argument("--allow-change", default="", metavar="KEY[,KEY...]",
                         help="with --resume: config keys (or sections, ending in '.') that may differ from the run's "
                              f"config.yaml, beyond {', '.join(RESUME_MAY_CHANGE)}")
-    parser.add_argument("--overwrite", action="store_true", help="delete run.dir first if another run used it")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a run.dir another run used: its checkpoints, metrics, exports and "
+                             "config.yaml are removed first (other files stay)")
     parser.add_argument("--miniature", action="store_true",
                         help="run the preset in miniature (jobs/miniature.py): tiny models, 2 steps, the same "
                              "plan, dtypes and code path, GPUs turned into CPU shares")
@@ -388,12 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.resume:
         config = config.model_copy(update={"run": config.run.model_copy(update={"dir": args.resume})})
+    allow_change = tuple(key for key in args.allow_change.split(",") if key)
     if args.dry_run:
-        print(dump_config(config))
-        print(config.cluster.plan.describe())
-        return 0
-    return run_job(config, resume=bool(args.resume), overwrite=args.overwrite,
-                   allow_change=tuple(key for key in args.allow_change.split(",") if key))
+        return dry_run(config, bool(args.resume), allow_change)
+    return run_job(config, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow_change)
 
 
 class StopSignals:
@@ -447,9 +573,14 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         print(f"a run in Ray namespace {namespace} is already running on this cluster (its actors hold the "
               f"names); give this run another run.dir name", file=sys.stderr)
         return 2
+    try:
+        config.cluster.plan.check(ray.cluster_resources())
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if overwrite and not resume and used_run_dir(Path(config.run.dir)):
-        print(f"--overwrite: deleting {config.run.dir}", flush=True)
-        shutil.rmtree(config.run.dir)
+        print(f"--overwrite: removing the previous run's {', '.join(RUN_OUTPUTS)} from {config.run.dir}", flush=True)
+        remove_run_outputs(Path(config.run.dir))
     for key, (old, new) in changes.items():
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)

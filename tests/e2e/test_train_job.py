@@ -121,16 +121,7 @@ def test_bad_job_config_fails_before_any_actor(tmp_path):
             assert "Traceback" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
 
 
-def test_gpu8_configs_pass_dry_run():
-    for name, plan in (("babyai_opd_qwen3_gpu8", "resource plan (gpu-8)"),
-                       ("babyai_opd_remote_qwen3_gpu8", "teacher  2 x (1 CPU, 0 GPU)")):
-        proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", f"jobs/configs/{name}.yaml", "--dry-run"],
-                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        assert plan in proc.stdout and "8 GPU" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_qwen3_gpu8.yaml",
-                           "--dry-run"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "judge    1 x (2 CPU, 1 GPU)" in proc.stdout, proc.stderr
+def test_the_teacher_building_preset_passes_dry_run():
     proc = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config",
                            "jobs/configs/babyai_teacher_qwen3_gpu8.yaml", "--dry-run"],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)

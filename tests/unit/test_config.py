@@ -232,7 +232,7 @@ def test_resume_refuses_a_changed_config_unless_the_keys_are_named(tmp_path):
 
 
 def test_resume_refuses_a_damaged_metrics_file_and_a_fresh_run_a_used_directory(tmp_path):
-    from jobs.train import JobConfig, check_run_dir
+    from jobs.train import JobConfig, check_run_dir, remove_run_outputs, used_run_dir
 
     run_dir = _run_dir_with(tmp_path)
     config = load_config(JobConfig, run_dir / "config.yaml")
@@ -240,9 +240,12 @@ def test_resume_refuses_a_damaged_metrics_file_and_a_fresh_run_a_used_directory(
     with pytest.raises(ValueError, match="metrics.parquet is damaged and cannot be read.*move it away"):
         check_run_dir(config, resume=True)
     with pytest.raises(ValueError, match=r"holds another run \(config.yaml, checkpoints, metrics.parquet\): "
-                                         r"continue it with --resume .*--overwrite"):
+                                         r"continue it with --resume .*--overwrite to start over"):
         check_run_dir(config, resume=False)
     assert check_run_dir(config, resume=False, overwrite=True) == {}
+    (run_dir / "eval_start").mkdir()  # a benchmark's own output beside the run's
+    remove_run_outputs(run_dir)  # what --overwrite does once every check passed
+    assert used_run_dir(run_dir) == [] and sorted(p.name for p in run_dir.iterdir()) == ["eval_start"]
     assert check_run_dir(config.model_copy(update={"run": config.run.model_copy(update={"dir": str(tmp_path / "new")})}),
                          resume=False) == {}
 
@@ -283,3 +286,36 @@ def test_a_stop_that_does_not_end_is_cut_short_by_a_second_signal_or_the_stop_ti
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - start < (2.5 if second_signal else 10)
     assert ("again: exiting now" if second_signal else "3 s ago: exiting now") in out
+
+
+def test_a_dry_run_runs_every_check_a_start_makes_and_says_which_it_could_not(capsys, tmp_path):
+    # The inputs that a schema-only dry run let through: each is named, and the checks
+    # that need the missing model are said not run; nothing starts (no Ray here).
+    from jobs.train import main
+
+    status = main(["--dry-run", f"run.dir={tmp_path / 'run'}", "model.path=/nonexistent", "run.eval_split=nosplit",
+                   "teacher.backend=remote", "teacher.remote.url=http://127.0.0.1:9/v1",
+                   "cluster.plan.rollout={count: 3, cpus: 1}"])
+    out = capsys.readouterr().out
+    assert status == 2 and "dry run: 3 check(s) failed" in out
+    assert "FAILED   model /nonexistent: model.path '/nonexistent' is not a local model directory" in out
+    assert "FAILED   run.eval_split: environment 'babyai_text' has no split 'nosplit'" in out
+    assert "FAILED   cluster: the resource plan does not fit the cluster (CPU: need 4, have 2) on the embedded node" in out
+    assert "not run  teacher at http://127.0.0.1:9/v1: needs the student's tokenizer" in out
+    status = main(["--dry-run", f"run.dir={tmp_path / 'run'}", "teacher.backend=remote",
+                   "teacher.remote.url=http://127.0.0.1:9/v1"])
+    out = capsys.readouterr().out
+    assert status == 2 and "FAILED   teacher at http://127.0.0.1:9/v1: " in out and "the server does not answer" in out
+
+
+@pytest.mark.parametrize("name", ["babyai_opd_qwen3_gpu8", "babyai_opd_remote_qwen3_gpu8",
+                                  "babyai_turn_judge_qwen3_gpu8"])
+def test_a_gpu8_preset_dry_run_on_this_machine_fails_only_for_its_models_and_gpus(capsys, name, tmp_path):
+    from jobs.train import main
+
+    status = main(["--config", f"jobs/configs/{name}.yaml", "--dry-run", f"run.dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    failed = [line.strip() for line in out.splitlines() if line.strip().startswith("FAILED")]
+    assert status == 2 and "total    " in out and ", 8 GPU" in out
+    assert failed[-1].startswith("FAILED   cluster: the resource plan does not fit the cluster") and "GPU: need 8" in failed[-1]
+    assert all(line.startswith("FAILED   model /models/") for line in failed[:-1]), failed
