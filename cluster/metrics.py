@@ -58,6 +58,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor_restarts", "counter", "Restarts of dead actors, by component.", ("component",)),
     Metric("nonfinite_steps", "counter", "Learner steps skipped: their loss or gradient norm was not finite."),
     Metric("empty_batches", "counter", "Learner steps skipped: the batch held no trainable token."),
+    Metric("job_recoveries", "counter", "Times the job rebuilt its actors from a checkpoint after a failure."),
     Metric("teacher_rejected_trajectories", "counter",
            "Trajectories a teacher scored with a non-finite or positive log-prob (not trained on).",
            recorded_by=("teacher",)),
@@ -158,3 +159,4 @@ class MetricsExporter:
     def close(self) -> None:
         if self.server is not None:
             self.server.shutdown()
+            self.server.server_close()  # the port is free again (a recovery serves on it anew)

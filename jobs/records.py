@@ -164,6 +164,12 @@ class StepRecord:
     """Greedy eval success on run.eval_split (steps with an eval only)."""
     eval_success_by_type: dict[str, float] | None = field(default=None)
     """Eval success per task type."""
+    buffer_lost: int | None = None
+    """Samples that were resident in a buffer a resume or recovery replaced (as of the record it
+    continued from): with them, buffer_put = consumed + dropped_stale + evicted + resident + lost
+    (None in records written before)."""
+    job_recoveries: int | None = None
+    """Times the job rebuilt its actors from a checkpoint after a failure (run.max_failures)."""
 
 
 STEP_SCHEMA = pa.schema([
@@ -187,6 +193,7 @@ STEP_SCHEMA = pa.schema([
     ("student_logprob_head", pa.float64()), ("student_logprob_tail", pa.float64()),
     ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
+    ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()),
 ])
 """Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
 

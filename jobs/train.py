@@ -82,6 +82,11 @@ class RunConfig(BaseModel):
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
     """The learner trains on what it has after waiting this long for a full batch."""
+    max_failures: int = Field(default=3, ge=0)
+    """Times the job recovers by itself, in the same job, when the buffer or a learner rank dies
+    or hangs, or no sample comes (run.stall_timeout_s): every actor is torn down and rebuilt from
+    the newest checkpoint that verifies, as `--resume` would (like Ray Train's
+    FailureConfig.max_failures). 0: the run stops and names the `--resume` command."""
     stall_timeout_s: float = Field(default=1800.0, gt=0)
     """No sample at all for this long stops the run (checkpointed, exit 1, naming what the workers
     and the buffer report) instead of waiting forever."""
@@ -585,7 +590,6 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
     print(config.cluster.plan.describe(), flush=True)
-    run = TrainingRun(config, resume=resume)
     stop = StopSignals(config.run.stop_timeout_s)
     limit = config.run.max_wall_s
     deadline = None if limit is None else time.monotonic() + limit
@@ -593,26 +597,34 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
     def should_stop() -> bool:
         return stop.requested or (deadline is not None and time.monotonic() > deadline)
 
-    try:
-        run.start(should_stop)
-        run.loop(should_stop)
-        if finish is not None:
-            finish(run)
-    except (NonFiniteTraining, RunStalled) as exc:
-        print(f"run stopped: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except LearnerHung as exc:
-        print(f"run stopped: {exc}; continue with: python -m jobs.train --resume {run.dir} (from its latest "
-              f"checkpoint)", file=sys.stderr, flush=True)
-        return 1
-    except ray.exceptions.RayActorError as exc:
-        message = run.stop_message(exc)
-        if message is None:
-            raise
-        print(f"run stopped: {message}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        run.close()
+    recoveries = 0
+    while True:
+        run = TrainingRun(config, resume=resume, recoveries=recoveries)
+        recovering = False
+        try:
+            run.start(should_stop)
+            run.loop(should_stop)
+            if finish is not None:
+                finish(run)
+            break
+        except NonFiniteTraining as exc:  # the same data would do it again: no recovery
+            print(f"run stopped: {exc}", file=sys.stderr, flush=True)
+            return 1
+        except (RunStalled, LearnerHung, ray.exceptions.RayActorError) as exc:
+            cause = run.failure(exc)
+            if cause is None:
+                raise
+            if recoveries >= config.run.max_failures or should_stop():
+                print(f"run stopped: {cause}; continue with: python -m jobs.train --resume {run.dir} (from its "
+                      f"newest checkpoint)", file=sys.stderr, flush=True)
+                return 1
+            recoveries += 1
+            recovering = True
+            print(f"recovery {recoveries}/{config.run.max_failures}: {cause}; every actor is rebuilt from the "
+                  f"newest checkpoint", flush=True)
+        finally:
+            run.close(wait=recovering)
+        resume = (Path(config.run.dir) / "checkpoints" / "latest").exists()
     print(json.dumps({"final_version": run.version, "run_dir": str(run.dir)}), flush=True)
     return 0
 

@@ -106,7 +106,8 @@ class RunStalled(RuntimeError):
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
-    def __init__(self, config, resume: bool = False) -> None:
+    def __init__(self, config, resume: bool = False, recoveries: int = 0) -> None:
+        """`recoveries`: how many times the job rebuilt its actors before this one (jobs.train.run_job)."""
         import ray
 
         from actors.pool import RolloutPool
@@ -125,6 +126,8 @@ class TrainingRun:
         plan = config.cluster.plan
         self.placement_groups, strategies = reserve(plan)
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
+        self.recoveries = recoveries
+        self.metrics.inc("job_recoveries", recoveries)  # a new exporter each time: the job's total
         self.buffer = create_buffer_actor(config.buffer, name="buffer")
         algorithm = config.learner.algorithm
         self.algorithm = ALGORITHMS[algorithm.name]
@@ -188,6 +191,8 @@ class TrainingRun:
         self.empty_batches = 0
         """Batches skipped for holding no trainable token."""
         self._skipped_in_row = 0
+        self.buffer_lost = 0
+        """Samples resident in the buffers that resumes and recoveries replaced (StepRecord.buffer_lost)."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -244,6 +249,8 @@ class TrainingRun:
             last = self.rows[-1] if self.rows else None
             self.nonfinite_steps = (last.nonfinite_steps or 0) if last else 0
             self.empty_batches = (last.empty_batches or 0) if last else 0
+            # What the replaced buffer held at that record is gone; the counts it was part of continue.
+            self.buffer_lost = ((last.buffer_lost or 0) + last.buffer_resident) if last else 0
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if self.teacher_retired:
             print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
@@ -392,8 +399,7 @@ class TrainingRun:
             f"no sample reached the learner for {waited_s:.0f} s (run.stall_timeout_s) at version {self.version}: "
             f"{len(self.pool.active)} rollout worker(s) in the pool ({len(self.pool.retired)} left it), "
             f"{totals['num_groups_delivered']} groups delivered by their current incarnations, buffer "
-            f"{int(buffer['num_resident'])} samples resident. Checkpointed at {path}; continue with: "
-            f"python -m jobs.train --resume {self.dir}")
+            f"{int(buffer['num_resident'])} samples resident; checkpointed at {path}")
 
     def _skip_step(self, stats: dict) -> None:
         """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm
@@ -489,7 +495,8 @@ class TrainingRun:
             learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
             buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
             num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
-            empty_batches=self.empty_batches, **totals, **judge, **gauges)
+            empty_batches=self.empty_batches, buffer_lost=self.buffer_lost, job_recoveries=self.recoveries,
+            **totals, **judge, **gauges)
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 
@@ -523,26 +530,30 @@ class TrainingRun:
         m.inc("actor_restarts", failed_runs, component="rollout")
         m.inc("actor_restarts", counts.num_env_restarts, component="env")
 
-    def stop_message(self, exc: Exception) -> str | None:
-        """What to tell the user when the buffer or a learner rank died (the run cannot go on), or None.
+    def failure(self, exc: Exception) -> str | None:
+        """What went wrong when the run cannot go on with these actors, or None when `exc` is not
+        such a failure: the buffer or a learner rank died or hung, or no sample came.
 
-        Neither is recreated in place: the buffer holds the exactly-once group leases and the
-        learner ranks hold the sharded model, so the run stops and `--resume` continues from the
-        latest checkpoint. When only the buffer died, the learner still holds the current
-        weights and checkpoints them first, so no step is lost.
+        Neither the buffer nor a rank is recreated in place: the buffer holds the exactly-once
+        group leases and the ranks hold the sharded model, so the job rebuilds every actor from
+        the newest checkpoint (run.max_failures) or stops for `--resume`. When only the buffer
+        died, the learner still holds the current weights and checkpoints them first, so no
+        step is lost.
         """
+        from learner.group import LearnerHung
+
+        if isinstance(exc, (RunStalled, LearnerHung)):
+            return str(exc)
         actor_id = getattr(exc, "actor_id", None)
         if actor_id is None:
             return None
-        resume = f"continue with: python -m jobs.train --resume {self.dir}"
         if actor_id == self.buffer._actor_id.hex():
             path = self.checkpoint()
-            return (f"the replay buffer actor died ({type(exc).__name__}); the samples it held are lost. "
-                    f"Checkpointed version {self.version} at {path}; {resume}")
+            return (f"the replay buffer actor died ({type(exc).__name__}); the samples it held are lost; "
+                    f"checkpointed version {self.version} at {path}")
         for rank, actor in enumerate(self.learner.ranks):
             if actor_id == actor._actor_id.hex():
-                return (f"learner rank {rank} died ({type(exc).__name__}) at version {self.version}; "
-                        f"{resume} (from its latest checkpoint)")
+                return f"learner rank {rank} died ({type(exc).__name__}) at version {self.version}"
         return None
 
     def evaluate(self) -> tuple[float, dict[str, float]]:
@@ -589,7 +600,9 @@ class TrainingRun:
         if self.rows:
             write_records(self.dir / "metrics.parquet", self.rows)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the workers, write the metrics, kill every actor and free the plan's resources;
+        `wait`: return only once the actors are gone (a recovery reuses their names)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -601,9 +614,13 @@ class TrainingRun:
             self.metrics.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
-            for actor in self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
-                    ([self.judge] if self.judge is not None else []):
+            actors = self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
+                ([self.judge] if self.judge is not None else [])
+            for actor in actors:
                 ray.kill(actor)
+            for actor in actors if wait else ():
+                wait_until_dead(actor)
             for group in self.placement_groups:
                 remove_placement_group(group)
-            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows)}))
+            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows),
+                                                               "job_recoveries": self.recoveries}))
