@@ -597,9 +597,9 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
     def should_stop() -> bool:
         return stop.requested or (deadline is not None and time.monotonic() > deadline)
 
-    recoveries = 0
+    recoveries, faults = 0, {}
     while True:
-        run = TrainingRun(config, resume=resume, recoveries=recoveries)
+        run = TrainingRun(config, resume=resume, recoveries=recoveries, faults=faults)
         recovering = False
         try:
             run.start(should_stop)
@@ -620,6 +620,7 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
                 return 1
             recoveries += 1
             recovering = True
+            faults = run.fault_totals()
             print(f"recovery {recoveries}/{config.run.max_failures}: {cause}; every actor is rebuilt from the "
                   f"newest checkpoint", flush=True)
         finally:

@@ -99,6 +99,11 @@ class NonFiniteTraining(RuntimeError):
     """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
 
 
+FAULT_TOTALS = ("rollout_failed_runs", "teacher_restarts", "env_restarts")
+"""Record totals of restarts in place: a recovery keeps them, although it trains the steps after
+its checkpoint again (their records are replaced)."""
+
+
 class RunStalled(RuntimeError):
     """No sample reached the learner for run.stall_timeout_s."""
 
@@ -106,8 +111,10 @@ class RunStalled(RuntimeError):
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
-    def __init__(self, config, resume: bool = False, recoveries: int = 0) -> None:
-        """`recoveries`: how many times the job rebuilt its actors before this one (jobs.train.run_job)."""
+    def __init__(self, config, resume: bool = False, recoveries: int = 0, faults: dict[str, int] | None = None
+                 ) -> None:
+        """`recoveries`: how many times the job rebuilt its actors before this one (jobs.train.run_job);
+        `faults`: the FAULT_TOTALS the run it replaces had reached (`fault_totals`)."""
         import ray
 
         from actors.pool import RolloutPool
@@ -193,6 +200,8 @@ class TrainingRun:
         self._skipped_in_row = 0
         self.buffer_lost = 0
         """Samples resident in the buffers that resumes and recoveries replaced (StepRecord.buffer_lost)."""
+        self._faults = dict(faults or {})
+        """FAULT_TOTALS of the replaced run; what its records after the checkpoint held goes into the next record."""
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
@@ -251,6 +260,10 @@ class TrainingRun:
             self.empty_batches = (last.empty_batches or 0) if last else 0
             # What the replaced buffer held at that record is gone; the counts it was part of continue.
             self.buffer_lost = ((last.buffer_lost or 0) + last.buffer_resident) if last else 0
+        # The steps after the checkpoint are trained again, but the restarts in them did happen.
+        kept = self.rows[-1] if self.rows else None
+        self._faults = {key: max(0, value - ((getattr(kept, key) or 0) if kept else 0))
+                        for key, value in self._faults.items()}
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if self.teacher_retired:
             print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
@@ -468,6 +481,10 @@ class TrainingRun:
         self._buffer_seen = {key: int(buffer[key]) for key in BUFFER_COUNTERS}
         failed_runs = self.pool.num_failed_runs - self._failed_runs_seen
         self._failed_runs_seen = self.pool.num_failed_runs
+        faults, self._faults = self._faults, {}
+        failed_runs += faults.get("rollout_failed_runs", 0)
+        teacher_restarts += faults.get("teacher_restarts", 0)
+        counts = dataclasses.replace(counts, num_env_restarts=counts.num_env_restarts + faults.get("env_restarts", 0))
         previous = self.rows[-1] if self.rows else None
         totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, wall)
         judge = {"judged_turns": None, "judge_neutral_turns": None}
@@ -529,6 +546,15 @@ class TrainingRun:
         m.inc("actor_restarts", teacher_restarts, component="teacher")
         m.inc("actor_restarts", failed_runs, component="rollout")
         m.inc("actor_restarts", counts.num_env_restarts, component="env")
+
+    def fault_totals(self) -> dict[str, int]:
+        """FAULT_TOTALS as this run's last record has them, plus the rollout failures seen since
+        (the pool is polled once more): a recovery carries them over."""
+        self.pool.poll(timeout_s=1.0)
+        last = self.rows[-1] if self.rows else None
+        totals = {key: (getattr(last, key) or 0) if last else 0 for key in FAULT_TOTALS}
+        totals["rollout_failed_runs"] += self.pool.num_failed_runs - self._failed_runs_seen
+        return totals
 
     def failure(self, exc: Exception) -> str | None:
         """What went wrong when the run cannot go on with these actors, or None when `exc` is not

@@ -141,8 +141,8 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself(tmp_pat
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["version"] for r in rows] == list(range(1, num_steps + 1)), (schedule, job.output)
     last = rows[-1]
-    assert last["job_recoveries"] == 2 and last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1
-    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, (schedule, job.output)
+    assert last["job_recoveries"] == 2 and last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1 \
+        and last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, (schedule, last, job.output)
     assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
                                   + last["buffer_resident"] + last["buffer_lost"])
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))
