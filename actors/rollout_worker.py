@@ -67,9 +67,9 @@ class RolloutConfig(BaseModel):
     admission_backoff_s: float = Field(default=0.05, gt=0)
     """Wait before asking the buffer again after admission refused."""
     call_timeout_s: float = Field(default=120.0, gt=0)
-    """A worker that has not answered a driver call within this (weights, stats, stop, the
-    teacher's retirement; an evaluation gets the evaluation's own deadline) is hung: the pool
-    kills it and restarts it like a crashed one."""
+    """A worker that has not answered a driver call within this (weights, stats, stop; an
+    evaluation gets the evaluation's own deadline, the teacher's retirement this plus
+    `teacher_timeout_s`) is hung: the pool kills it and restarts it like a crashed one."""
     teacher_timeout_s: float = Field(default=600.0, gt=0)
     """A teacher service that has not scored a group within this is hung: the worker kills it,
     Ray restarts it and the call is made again there. Must exceed a teacher's restart (its model
@@ -154,6 +154,8 @@ class RolloutWorker:
         self.routes = tuple(routes)
         self.env_config = env or default_env_config()
         self._teacher_calls = 0
+        self._teacher_kills: dict[str, int] = {}
+        """Times this worker killed each teacher service as hung (`_score_with`)."""
         self.stages = []
         self.segment_stages = []
         self.curriculum = None
@@ -209,14 +211,39 @@ class RolloutWorker:
         import ray
 
         while True:
+            kills = self._teacher_kills.get(name, 0)
             call = asyncio.ensure_future(self.teachers[name].score.remote(trajectories))
             done, _ = await asyncio.wait([call], timeout=self.config.teacher_timeout_s)
             if done:
-                return call.result()
+                try:
+                    return call.result()
+                except ray.exceptions.RayActorError:
+                    if self._teacher_kills.get(name, 0) == kills:
+                        raise
+                    # Another group's call found the service hung and killed it under this one.
+                    await self._restarted(name)
+                    continue
             print(f"{self.owner}: teacher {name} did not answer within {self.config.teacher_timeout_s:.0f} s: killed "
                   f"as hung; asking its restarted incarnation", flush=True)
+            self._teacher_kills[name] = kills + 1
             ray.kill(self.teachers[name], no_restart=False)
             call.add_done_callback(lambda c: c.exception())  # its ActorDiedError is expected, not an error
+            await self._restarted(name)
+
+    async def _restarted(self, name: str, num_tries: int = 20) -> None:
+        """Return once the incarnation after a kill answers, however long it takes to start (its
+        model load is not a hang: the deadline starts again after it). A call the killed
+        incarnation still took fails and is asked again; RuntimeError when it never comes back
+        (its restarts are spent)."""
+        import ray
+
+        for _ in range(num_tries):
+            try:
+                await self.teachers[name].__ray_ready__.remote()
+                return
+            except ray.exceptions.RayActorError:
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"teacher {name} did not come back after it was killed as hung")
 
     async def retire_teacher(self) -> None:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so
