@@ -17,6 +17,7 @@ process (an episode is delivered only when it finishes, so it is neither lost no
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from actors.agent_loop import Pending
@@ -76,27 +77,43 @@ class RemoteEnv:
         self.call_timeout_s = call_timeout_s
         self.actor = ray.remote(_EnvActor).options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0,
                                                    scheduling_strategy=scheduling_strategy).remote(config)
-        self.system_prompt, self.splits, self.task_types, self.tools = self._get(self.actor.describe.remote())
+        # Its first answer waits for the process to start (imports, the environment's data): no deadline.
+        self.system_prompt, self.splits, self.task_types, self.tools = self._get(self.actor.describe.remote(),
+                                                                                 deadline=False)
         self._pid = -1
         """The process of the episode's reset (calls to another process fail as a crash)."""
 
-    def _get(self, ref):
-        """The call's result; EnvCrashed when the actor died, or did not answer within
-        `call_timeout_s` -- then it is hung: killed, and Ray restarts it like a crashed one."""
+    def _get(self, ref, deadline: bool = True):
+        """The call's result; EnvCrashed when the actor died, or (with `deadline`) did not answer
+        within `call_timeout_s` -- then it is hung: killed, and Ray restarts it like a crashed one."""
         import ray
 
         try:
-            return ray.get(ref, timeout=self.call_timeout_s)
+            return ray.get(ref, timeout=self.call_timeout_s if deadline else None)
         except ray.exceptions.GetTimeoutError:
             ray.kill(self.actor, no_restart=False)
-            raise EnvCrashed(f"the environment actor did not answer within {self.call_timeout_s} s: killed as hung, "
-                             f"Ray restarts it") from None
+            self._restarted()
+            raise EnvCrashed(f"the environment actor did not answer within {self.call_timeout_s} s: killed as hung "
+                             f"and restarted") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise EnvCrashed(f"the environment actor died: {exc}") from exc
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, EnvCrashed):
                 raise exc.cause from None
             raise
+
+    def _restarted(self, num_tries: int = 20) -> None:
+        """Return once the incarnation after a kill answers (its start is no hang: the next call's
+        deadline counts from here); EnvCrashed when it never comes back (its restarts are spent)."""
+        import ray
+
+        for _ in range(num_tries):
+            try:
+                ray.get(self.actor.__ray_ready__.remote())
+                return
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                time.sleep(0.5)
+        raise EnvCrashed("the environment actor did not come back after it was killed as hung")
 
     def _submit(self, method: str, *args) -> Pending:
         import ray
