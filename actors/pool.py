@@ -128,7 +128,7 @@ class RolloutPool:
         """Every worker stops sending groups to the teacher; returns once none is waiting on it."""
         # A worker returns once its teacher calls drained, which a hung teacher delays by up to its deadline.
         self._gather({i: self.workers[i].retire_teacher.remote() for i in self.active},
-                     self.config.teacher_timeout_s + self.config.call_timeout_s)
+                     self.config.service_timeout_s + self.config.call_timeout_s)
 
     def start(self, max_groups_per_worker: int | None = None, start_version: int = 0) -> None:
         """Start every worker's `run`; `start_version`: the first main-loop learner version (a

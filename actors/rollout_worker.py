@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import time
 from collections import defaultdict
@@ -69,11 +70,11 @@ class RolloutConfig(BaseModel):
     call_timeout_s: float = Field(default=120.0, gt=0)
     """A worker that has not answered a driver call within this (weights, stats, stop; an
     evaluation gets the evaluation's own deadline, the teacher's retirement this plus
-    `teacher_timeout_s`) is hung: the pool kills it and restarts it like a crashed one."""
-    teacher_timeout_s: float = Field(default=600.0, gt=0)
-    """A teacher service that has not scored a group within this is hung: the worker kills it,
-    Ray restarts it and the call is made again there. Must exceed a teacher's restart (its model
-    load), which the next call waits for. (The judge has no such deadline yet.)"""
+    `service_timeout_s`) is hung: the pool kills it and restarts it like a crashed one."""
+    service_timeout_s: float = Field(default=600.0, gt=0)
+    """A teacher service or the judge that has not answered a group's call within this is hung:
+    the worker kills it, Ray restarts it, and the call is made again once it answers (its
+    restart, a model load, does not count)."""
     env_call_timeout_s: float = Field(default=120.0, gt=0)
     """An environment actor (`env_actors`) that has not answered a reset or step within this is
     hung: it is killed, Ray restarts it, and its episode starts over like after a crash."""
@@ -154,14 +155,14 @@ class RolloutWorker:
         self.routes = tuple(routes)
         self.env_config = env or default_env_config()
         self._teacher_calls = 0
-        self._teacher_kills: dict[str, int] = {}
-        """Times this worker killed each teacher service as hung (`_score_with`)."""
+        self._service_kills: dict[str, int] = {}
+        """Times this worker killed each teacher service (or the judge) as hung (`_ask`)."""
         self.stages = []
         self.segment_stages = []
         self.curriculum = None
         if algorithm is not None:
             context = StageContext(worker_index, self._score if self.teachers else None,
-                                   None if judge is None else judge.judge.remote)
+                                   None if judge is None else functools.partial(self._ask, "the judge", judge, "judge"))
 
             def build(factories):
                 return [(f.__name__, f(algorithm, context)) for f in factories
@@ -196,54 +197,56 @@ class RolloutWorker:
         parts = split_by_route(trajectories, self.routes)
         self._teacher_calls += 1
         try:
-            scored = await asyncio.gather(*(self._score_with(name, [trajectories[i] for i in indices])
+            scored = await asyncio.gather(*(self._ask(f"teacher {name}", self.teachers[name], "score",
+                                                      [trajectories[i] for i in indices])
                                             for name, indices in parts.items()))
         finally:
             self._teacher_calls -= 1
         # None: the teacher service rejected that trajectory's scores (and counted it).
         return [t for t in merge_routed(len(trajectories), parts, scored) if t is not None]
 
-    async def _score_with(self, name: str, trajectories: list) -> list:
-        """One teacher service's `score` of `trajectories`. A service that has not answered within
-        rollout.teacher_timeout_s is hung: it is killed, Ray restarts it, and the call is made
-        again there (a call to an actor killed on purpose is not retried by Ray). A service past
-        its restarts fails the call, and with it this worker's run (the pool restarts it)."""
+    async def _ask(self, name: str, service, method: str, *args):
+        """`service.method(*args)` on a teacher (`name`: its route) or the judge. A service that
+        has not answered within rollout.service_timeout_s is hung: it is killed, Ray restarts it,
+        and the call is made again once the new incarnation answers (a call to an actor killed
+        on purpose is not retried by Ray; the restart itself, a model load, is no hang). A
+        service past its restarts fails the call, and with it this worker's run (the pool
+        restarts it)."""
         import ray
 
         while True:
-            kills = self._teacher_kills.get(name, 0)
-            call = asyncio.ensure_future(self.teachers[name].score.remote(trajectories))
-            done, _ = await asyncio.wait([call], timeout=self.config.teacher_timeout_s)
+            kills = self._service_kills.get(name, 0)
+            call = asyncio.ensure_future(getattr(service, method).remote(*args))
+            done, _ = await asyncio.wait([call], timeout=self.config.service_timeout_s)
             if done:
                 try:
                     return call.result()
                 except ray.exceptions.RayActorError:
-                    if self._teacher_kills.get(name, 0) == kills:
+                    if self._service_kills.get(name, 0) == kills:
                         raise
                     # Another group's call found the service hung and killed it under this one.
-                    await self._restarted(name)
+                    await self._restarted(name, service)
                     continue
-            print(f"{self.owner}: teacher {name} did not answer within {self.config.teacher_timeout_s:.0f} s: killed "
-                  f"as hung; asking its restarted incarnation", flush=True)
-            self._teacher_kills[name] = kills + 1
-            ray.kill(self.teachers[name], no_restart=False)
+            print(f"{self.owner}: {name} did not answer within {self.config.service_timeout_s:.0f} s: killed as hung; "
+                  f"asking its restarted incarnation", flush=True)
+            self._service_kills[name] = kills + 1
+            ray.kill(service, no_restart=False)
             call.add_done_callback(lambda c: c.exception())  # its ActorDiedError is expected, not an error
-            await self._restarted(name)
+            await self._restarted(name, service)
 
-    async def _restarted(self, name: str, num_tries: int = 20) -> None:
-        """Return once the incarnation after a kill answers, however long it takes to start (its
-        model load is not a hang: the deadline starts again after it). A call the killed
-        incarnation still took fails and is asked again; RuntimeError when it never comes back
-        (its restarts are spent)."""
+    async def _restarted(self, name: str, service, num_tries: int = 20) -> None:
+        """Return once the incarnation after a kill answers, however long it takes to start; a
+        call the killed incarnation still took fails and is asked again; RuntimeError when it
+        never comes back (its restarts are spent)."""
         import ray
 
         for _ in range(num_tries):
             try:
-                await self.teachers[name].__ray_ready__.remote()
+                await service.__ray_ready__.remote()
                 return
             except ray.exceptions.RayActorError:
                 await asyncio.sleep(0.5)
-        raise RuntimeError(f"teacher {name} did not come back after it was killed as hung")
+        raise RuntimeError(f"{name} did not come back after it was killed as hung")
 
     async def retire_teacher(self) -> None:
         """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so

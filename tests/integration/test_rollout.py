@@ -220,14 +220,14 @@ def test_segments_deliver_running_episodes_turns_once_across_a_killed_worker(ray
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_a_killed_or_hung_teacher_service_is_restarted_and_its_requests_retried(ray_session, signum):
     """SIGSTOP leaves the teacher alive but silent: the worker kills it after
-    rollout.teacher_timeout_s, and the call is retried on the restarted service as after a crash."""
+    rollout.service_timeout_s, and the call is retried on the restarted service as after a crash."""
     import ray
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
                                      BabyAITextConfig(), num_cpus=0)
     pid = ray.get(teacher.stats.remote())["pid"]
-    pool = RolloutPool(1, rollout_config(teacher_timeout_s=10.0), NANO, buffer, [teacher], num_cpus=0.5,
+    pool = RolloutPool(1, rollout_config(service_timeout_s=10.0), NANO, buffer, [teacher], num_cpus=0.5,
                        algorithm=AlgorithmConfig(name="opd"))
     pool.start(max_groups_per_worker=4)
     deadline = time.monotonic() + 120
