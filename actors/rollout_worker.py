@@ -36,11 +36,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
+from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
 from actors.engine import SamplingConfig, weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
 from envs.registry import EnvConfig, default_env_config, make_env
-from jobs.records import FORMAT_ERRORS_AT, TURNS_AT
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from learner.models import ModelConfig
 from teacher.routing import DEFAULT_ROUTE, merge_routed, split_by_route

@@ -198,22 +198,21 @@ class VLLMEngine:
                                       finish_reason="stop" if ids and ids[-1] in self.stop_token_ids else "length"))
         return results
 
-    def score(self, sequences: list[list[int]], num_response_tokens: list[int], top_k: int = 0):
-        """`TokenScores` of the last num_response_tokens tokens of each sequence (prompt log-probs),
-        with the top-k tokens at each of those positions when top_k > 0."""
+    def prompt_logprobs(self, sequences: list[list[int]], top_k: int = 0
+                        ) -> list[tuple[list[int], list[dict[int, tuple[int, float]] | None]]]:
+        """Per sequence: its token ids as vLLM read them, and per position None (the first) or
+        {token id: (rank, log-prob)} for the actual token and the top-k (teacher.backends turns
+        these into TokenScores)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-
-        from teacher.backends import scores_from_prompt_logprobs
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=1.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                     use_tqdm=False)
-        return [scores_from_prompt_logprobs(
-                    list(out.prompt_token_ids),
-                    [None if row is None else {t: (item.rank, float(item.logprob)) for t, item in row.items()}
-                     for row in out.prompt_logprobs], n, top_k)
-                for out, n in zip(outputs, num_response_tokens)]
+        return [(list(out.prompt_token_ids),
+                 [None if row is None else {t: (item.rank, float(item.logprob)) for t, item in row.items()}
+                  for row in out.prompt_logprobs])
+                for out in outputs]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         """Reload full weights in place through vLLM's own loader, then drop the prefix cache."""

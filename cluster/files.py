@@ -1,4 +1,5 @@
-"""Durable writes of a run's files: a reader sees the old content or the new, never a part.
+"""Files: the cache directory, and durable writes of a run's files (a reader sees the old content
+or the new, never a part).
 
 Checkpoints (learner.trainer), the `latest` pointer and metrics.parquet (jobs.training) are
 written beside their final name, flushed to disk, then renamed over it; the directory entry is
@@ -10,6 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Callable
+
+
+def default_cache_dir() -> Path:
+    """Where built artefacts are kept between runs (tiny models, ALFWorld's compiled games):
+    $APPRENTICE_CACHE, else ~/.cache/apprentice."""
+    return Path(os.environ.get("APPRENTICE_CACHE", Path.home() / ".cache" / "apprentice"))
 
 
 def fsync_path(path: str | Path) -> None:

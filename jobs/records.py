@@ -19,15 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from actors.counters import FORMAT_ERRORS_AT, TURNS_AT, WORKER_COUNTERS
 from cluster.files import write_atomic
-
-TURNS_AT, FORMAT_ERRORS_AT = "num_turns@", "num_format_errors@"
-"""Worker counter prefixes of the per-turn-index counts (`num_turns@3`: the student's turns at index 3)."""
-WORKER_COUNTERS = ("num_episodes", "num_successes", "num_turns", "num_format_errors", "num_response_tokens",
-                   "num_prompt_tokens", "num_success_turns", "num_memory_turns", "num_memory_format_errors",
-                   "num_env_restarts")
-"""The rollout-worker counters the record is built from (every worker reports them as deltas)."""
-
 
 @dataclass(frozen=True)
 class Counts:

@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cluster.files import default_cache_dir
+
 FACTORY_VERSION = 2
 """Bump when the corpus or the saved layout changes: it is part of the cache key."""
 
@@ -59,11 +61,6 @@ PRESETS: dict[str, TinyPreset] = {
     "small": TinyPreset(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=64),
 }
-
-
-def default_cache_dir() -> Path:
-    """$APPRENTICE_CACHE, else ~/.cache/apprentice."""
-    return Path(os.environ.get("APPRENTICE_CACHE", Path.home() / ".cache" / "apprentice"))
 
 
 def tiny_model_dir(preset: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:

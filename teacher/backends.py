@@ -128,5 +128,6 @@ class VLLMTeacherBackend:
         self.engine = engine
 
     def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
-        return self.engine.score([list(r.prompt_ids) + list(r.response_ids) for r in requests],
-                                 [len(r.response_ids) for r in requests], top_k)
+        outputs = self.engine.prompt_logprobs([list(r.prompt_ids) + list(r.response_ids) for r in requests], top_k)
+        return [scores_from_prompt_logprobs(ids, rows, len(r.response_ids), top_k)
+                for (ids, rows), r in zip(outputs, requests)]

@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from cluster.files import default_cache_dir
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
-from learner.tiny import default_cache_dir
 
 TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
               "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
