@@ -41,7 +41,7 @@ class KillingExpert(ExpertPolicy):
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_a_killed_or_hung_env_actor_is_restarted_and_its_episode_rerun_once(ray_session, signum):
     config = default_env_config()
-    envs = [RemoteEnv(config, max_restarts=2, call_timeout_s=3.0) for _ in range(2)]
+    envs = [RemoteEnv(config, max_restarts=2, call_timeout_s=10.0) for _ in range(2)]
     first_pid = envs[0].pid()
     runner = EpisodeRunner(iter(envs).__next__, 2, LoopConfig(max_turns=64))
     policy = KillingExpert(envs[0], at_round=3, signum=signum)

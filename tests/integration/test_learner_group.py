@@ -57,13 +57,14 @@ def test_two_ranks_match_one_rank_and_resume(ray_session, tmp_path):
     for group in (one, two):  # free their CPUs: the resumed group needs them
         for r in group.ranks:
             ray.kill(r)
-    resumed = LearnerGroup(2, cfg.model_copy(update={"call_timeout_s": 3.0}), NANO, num_cpus=0.5)
+    resumed = LearnerGroup(2, cfg, NANO, num_cpus=0.5)
     assert resumed.load(path) == {"retired": True} and resumed.version() == 1
     assert resumed.train(batch)["loss"] == pytest.approx(expected, abs=1e-6)
     # Rank 1 hangs (alive, not answering): rank 0 waits in the step's collectives, and the
     # group names rank 1 within learner.call_timeout_s instead of waiting forever.
+    resumed.call_timeout_s = 5.0  # learner.call_timeout_s, short here (a loaded machine must not trip it before)
     os.kill(ray.get(resumed.ranks[1].__ray_call__.remote(lambda self: os.getpid())), signal.SIGSTOP)
-    with pytest.raises(LearnerHung, match=r"learner rank\(s\) \[0, 1\] did not answer `train` within 3 s"):
+    with pytest.raises(LearnerHung, match=r"learner rank\(s\) \[0, 1\] did not answer `train` within 5 s"):
         resumed.train(batch)
     for r in resumed.ranks:
         ray.kill(r)

@@ -317,7 +317,7 @@ def test_driver_calls_survive_a_worker_hung_while_weights_are_published_and_one_
     from learner.models import load_model
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    pool = RolloutPool(2, rollout_config(call_timeout_s=5.0), NANO, buffer, num_cpus=0.25, max_restarts=3)
+    pool = RolloutPool(2, rollout_config(call_timeout_s=10.0), NANO, buffer, num_cpus=0.25, max_restarts=3)
     pids = ray.get([w.pid.remote() for w in pool.workers])
     pool.start()
     deadline = time.monotonic() + 120
