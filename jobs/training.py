@@ -548,9 +548,9 @@ class TrainingRun:
         m.inc("actor_restarts", counts.num_env_restarts, component="env")
 
     def fault_totals(self) -> dict[str, int]:
-        """FAULT_TOTALS as this run's last record has them, plus the rollout failures seen since
-        (the pool is polled once more): a recovery carries them over."""
-        self.pool.poll(timeout_s=1.0)
+        """FAULT_TOTALS as this run's last record has them, plus the rollout failures the pool saw
+        since: a recovery carries them over. (Not polled again here: the pool may be half dead;
+        a failure it has not seen yet is not counted.)"""
         last = self.rows[-1] if self.rows else None
         totals = {key: (getattr(last, key) or 0) if last else 0 for key in FAULT_TOTALS}
         totals["rollout_failed_runs"] += self.pool.num_failed_runs - self._failed_runs_seen

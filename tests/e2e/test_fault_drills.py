@@ -107,42 +107,30 @@ def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_
     assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
 
 
-STEP = re.compile(r"^step\s+(\d+) ", re.MULTILINE)
-
-
-def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself(tmp_path):
-    """A seeded random schedule SIGKILLs a rollout worker, every environment actor, the teacher
-    service, the buffer and a learner rank, each after a random step. Workers, environment actors
-    and the teacher are restarted in place; the buffer's and the rank's deaths are recovered by
-    the job itself (run.max_failures): every actor rebuilt from the newest checkpoint. The one
-    command ends with exit 0, versions 1..N once each, counters that add up, job_recoveries 2.
-    Then, with no recovery left (run.max_failures=0), a dead buffer stops the run naming the
-    `--resume` command, which continues it at the version it checkpointed."""
-    import random
-
-    run_dir, num_steps = tmp_path / "run", 12
-    rng = random.Random(2026)
-    victims = ["RolloutWorker", "_EnvActor", "_ServiceActor", "ReplayBuffer", "LearnerRank"]
-    rng.shuffle(victims)
-    schedule = sorted(zip(rng.sample(range(2, num_steps - 1), len(victims)), victims))
-    job = Job(*short_run(run_dir, steps=num_steps), "run.max_failures=2", "rollout.env_actors=true",
-              "rollout.num_envs=4")
-    for step, victim in schedule:
-        seen = len(job.output)
-        deadline = time.monotonic() + 300
-        # A step at or past `step` by this incarnation (a recovery repeats the versions after its checkpoint).
-        while not any(int(v) >= step for v in STEP.findall(job.output[seen:])):
-            assert job.proc.poll() is None and time.monotonic() < deadline, f"{schedule}: no step {step}:\n{job.output}"
-            time.sleep(0.1)
-        job.kill_actor(victim, every=victim == "_EnvActor")
-    assert job.finish(timeout_s=600) == 0, f"{schedule}\n{job.output}"
-    causes = re.findall(r"^recovery (\d)/2: (the replay buffer actor died|learner rank 0 died)", job.output, re.M)
-    assert sorted(causes) == [("1", causes[0][1]), ("2", causes[1][1])] and causes[0][1] != causes[1][1], job.output
+def test_a_dead_buffer_then_a_dead_learner_rank_are_recovered_in_the_job_then_stop_it_for_resume(tmp_path):
+    """The buffer is killed at step 3, then a learner rank two steps after the recovery: the job
+    rebuilds every actor from the newest checkpoint each time (run.max_failures=2) and ends with
+    exit 0, versions 1..N once each, job_recoveries 2 and the buffer's counts adding up (what the
+    dead buffers held in `buffer_lost`). Then, with no recovery left (run.max_failures=0), a dead
+    buffer stops the run naming the `--resume` command, which continues it at the version it
+    checkpointed."""
+    run_dir, num_steps = tmp_path / "run", 10
+    job = Job(*short_run(run_dir, steps=num_steps), "run.max_failures=2")
+    job.wait_for("step    3 ")
+    job.kill_actor("ReplayBuffer")
+    job.wait_for("recovery 1/2: the replay buffer actor died")
+    resumed_at = len(job.output)
+    job.wait_for("resumed from")
+    version = int(re.search(r"resumed from \S+ at version (\d+)", job.output[resumed_at:]).group(1))
+    assert version >= 3  # the learner outlived the buffer: it checkpointed the version it reached
+    job.wait_for(f"step {version + 2:4d} ")
+    job.kill_actor("LearnerRank")
+    assert job.finish(timeout_s=600) == 0, job.output
+    assert "recovery 2/2: learner rank 0 died" in job.output, job.output
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in rows] == list(range(1, num_steps + 1)), (schedule, job.output)
+    assert [r["version"] for r in rows] == list(range(1, num_steps + 1)), job.output
     last = rows[-1]
-    assert last["job_recoveries"] == 2 and last["rollout_failed_runs"] >= 1 and last["teacher_restarts"] >= 1 \
-        and last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, (schedule, last, job.output)
+    assert last["job_recoveries"] == 2 and last["duplicate_groups"] == 0 and last["buffer_lost"] >= 0
     assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
                                   + last["buffer_resident"] + last["buffer_lost"])
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))
@@ -154,7 +142,7 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself(tmp_pat
     assert job.finish() == 1, job.output
     assert "run stopped: the replay buffer actor died" in job.output and f"--resume {run_dir}" in job.output
     version = int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
-    assert version >= num_steps + 2  # the learner outlived the buffer: it checkpointed the version it reached
+    assert version >= num_steps + 2
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir),
                               f"run.steps={version + 1}", f"run.metrics_port={free_port()}"],
                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
