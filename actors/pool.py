@@ -54,13 +54,13 @@ class RolloutPool:
     def __init__(self, num_workers: int, config: RolloutConfig, model: ModelConfig, buffer, teachers=(),
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3,
                  placement: list[Any] | None = None, worker_cls: type = RolloutWorker, env=None,
-                 algorithm=None, teacher_retired: bool = False, named: bool = False,
+                 algorithm=None, teacher_active: bool = True, named: bool = False,
                  routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None,
                  env_placement: tuple[float, list] | None = None) -> None:
-        """`env`, `algorithm`, `teacher_retired` and `judge`: see `RolloutWorker`; `named`: worker i is
+        """`env`, `algorithm`, `teacher_active` and `judge`: see `RolloutWorker`; `named`: worker i is
         the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
         environment actor, the plan's strategies for them: `RolloutConfig.num_env_actors` per
-        worker, in worker order). Workers added later (a retired teacher's bundles) run theirs
+        worker, in worker order). Workers added later (a stopped teacher's bundles) run theirs
         unreserved."""
         import ray
 
@@ -82,7 +82,7 @@ class RolloutPool:
             envs = None if env_placement is None else \
                 (env_placement[0], env_placement[1][i * per_worker:(i + 1) * per_worker])
             self.workers.append(self._new_worker(i, num_cpus, num_gpus, None if placement is None else placement[i],
-                                                 teacher, (0, num_workers, i), teacher_retired, envs))
+                                                 teacher, (0, num_workers, i), teacher_active, envs))
         self._runs: dict[int, Any] = {}
         self._max_groups: int | None = None
         self._start_version = 0
@@ -95,11 +95,11 @@ class RolloutPool:
         self._restarting: dict[int, Any] = {}
         """Workers restarting after a counted failure -> (a `pid` probe, the pid of the incarnation
         that failed if it was still alive): a probe answered by a new pid ends the restart."""
-        self.retired: dict[int, str] = {}
+        self.left: dict[int, str] = {}
         """Workers that left the pool: index -> the error that ended them."""
 
     def _new_worker(self, index: int, num_cpus: float, num_gpus: float, strategy, teacher, stream: tuple[int, int, int],
-                    teacher_retired: bool = False, env_placement: tuple[float, list] | None = None):
+                    teacher_active: bool = True, env_placement: tuple[float, list] | None = None):
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": -1,
                                    "max_task_retries": 0, "max_concurrency": 8}
         if self.named:
@@ -107,27 +107,27 @@ class RolloutPool:
         if strategy is not None:
             options["scheduling_strategy"] = strategy
         config, model, buffer = self._shared
-        routed, routes = self._routed if not teacher_retired else ({}, ())
+        routed, routes = self._routed if teacher_active else ({}, ())
         return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
-                                                     self._env, self._algorithm, teacher_retired, routed, routes,
+                                                     self._env, self._algorithm, teacher_active, routed, routes,
                                                      self._judge, env_placement)
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
-        """Start `count` more workers (into the bundles a retired teacher left), without its scoring stage,
+        """Start `count` more workers (into the bundles a stopped teacher left), without its scoring stage,
         with the latest weights, running like the others. Their task seeds come from a stream of
         their own (EXTRA_WORKER_SEEDS + i * count + j), which the first workers' never reach."""
         first = len(self.workers)
         for j in range(count):
             worker = self._new_worker(first + j, num_cpus, num_gpus, None if placement is None else placement[j],
-                                      None, (EXTRA_WORKER_SEEDS, count, j), teacher_retired=True)
+                                      None, (EXTRA_WORKER_SEEDS, count, j), teacher_active=False)
             self.workers.append(worker)
             if self._started:
                 self._runs[first + j] = self._run(first + j)
 
-    def retire_teacher(self) -> None:
+    def stop_teacher(self) -> None:
         """Every worker stops sending groups to the teacher; returns once none is waiting on it."""
         # A worker returns once its teacher calls drained, which a hung teacher delays by up to its deadline.
-        self._gather({i: self.workers[i].retire_teacher.remote() for i in self.active},
+        self._gather({i: self.workers[i].drop_teacher.remote() for i in self.active},
                      self.config.service_timeout_s + self.config.call_timeout_s)
 
     def start(self, max_groups_per_worker: int | None = None, start_version: int = 0) -> None:
@@ -181,13 +181,13 @@ class RolloutPool:
                 self._failed(index, exc, old_pid)
         if not self.active:
             raise RuntimeError(f"every rollout worker failed more than max_restarts={self.max_restarts} times in a row; "
-                               f"last error: {list(self.retired.values())[-1]}")
+                               f"last error: {list(self.left.values())[-1]}")
         return not self._runs
 
     @property
     def active(self) -> list[int]:
         """Indices of the workers still in the pool."""
-        return [i for i in range(len(self.workers)) if i not in self.retired]
+        return [i for i in range(len(self.workers)) if i not in self.left]
 
     def _settle_restarts(self) -> None:
         """Forget the restarts whose new incarnation answered (a later failure counts again)."""
@@ -220,11 +220,11 @@ class RolloutPool:
             return
         del self._runs[index]
         self._restarting.pop(index, None)
-        self.retired[index] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        self.left[index] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         ray.kill(self.workers[index], no_restart=True)
         released = ray.get(self.buffer.abort_owner.remote(f"worker-{index}"))
         print(f"rollout worker {index} left the pool after {self._failures[index]} failed runs in a row "
-              f"({self.retired[index]}); {released} leased groups released", flush=True)
+              f"({self.left[index]}); {released} leased groups released", flush=True)
 
     def wait(self, timeout_s: float = 600.0) -> None:
         """Block until every run finished (finite max_groups_per_worker)."""
@@ -259,7 +259,7 @@ class RolloutPool:
 
     def stats(self) -> list[dict[str, float]]:
         """Each answering worker's counters since its previous answer (deltas). A worker that is
-        restarting or retired does not answer; the counts of an incarnation between its last
+        restarting or out of the pool does not answer; the counts of an incarnation between its last
         answer and its death are lost. A worker that finished an episode made progress: its
         failures in a row start again from 0."""
         answers = self._gather({i: self.workers[i].stats.remote() for i in self.active})

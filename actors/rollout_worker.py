@@ -20,7 +20,7 @@ The loop, once per round:
 
 Task seeds come from the worker's own stream: group i of worker w of N uses seed i*N + w,
 so workers never collide and a restarted worker continues where its stream stopped (workers
-added later, into a retired teacher's bundles, get a stream of their own: `actors.pool`).
+added later, into a stopped teacher's bundles, get a stream of their own: `actors.pool`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from buffer.core import GroupLease
 from envs.registry import EnvConfig, default_env_config, make_env
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from learner.models import ModelConfig
-from teacher.routing import DEFAULT_ROUTE, merge_routed, split_by_route
+from actors.routing import DEFAULT_ROUTE, merge_routed, split_by_route
 
 
 class RolloutConfig(BaseModel):
@@ -69,7 +69,7 @@ class RolloutConfig(BaseModel):
     """Wait before asking the buffer again after admission refused."""
     call_timeout_s: float = Field(default=120.0, gt=0)
     """A worker that has not answered a driver call within this (weights, stats, stop; an
-    evaluation gets the evaluation's own deadline, the teacher's retirement this plus
+    evaluation gets the evaluation's own deadline, stopping the teacher this plus
     `service_timeout_s`) is hung: the pool kills it and restarts it like a crashed one."""
     service_timeout_s: float = Field(default=600.0, gt=0)
     """A teacher service or the judge that has not answered a group's call within this is hung:
@@ -132,12 +132,12 @@ class RolloutWorker:
 
     def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
                  buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
-                 teacher_retired: bool = False, routed_teachers: dict[str, Any] | None = None,
+                 teacher_active: bool = True, routed_teachers: dict[str, Any] | None = None,
                  routes: tuple = (), judge=None, env_placement: tuple[float, list] | None = None) -> None:
         """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
         `env`: the job's environment (default: the default environment); `algorithm`: whose
         group-end stages run on each finished group (None: groups go to the buffer as played);
-        `teacher_retired`: the run's teacher retired (RetireOPD), so its scoring stage is left out;
+        `teacher_active`: False once the algorithm's schedule stopped the teacher: its scoring stage is left out;
         `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
         of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py);
         `env_placement`: (CPUs of each environment actor, a scheduling strategy for each of the
@@ -166,7 +166,7 @@ class RolloutWorker:
 
             def build(factories):
                 return [(f.__name__, f(algorithm, context)) for f in factories
-                        if not (teacher_retired and f is teacher_scores)]
+                        if teacher_active or f is not teacher_scores]
 
             self.stages = build(ALGORITHMS[algorithm.name].group_stages(algorithm))
             if config.segments:
@@ -192,7 +192,7 @@ class RolloutWorker:
         return os.getpid()
 
     async def _score(self, trajectories):
-        if not self.teachers:  # retired while this group's delivery was under way: unscored
+        if not self.teachers:  # stopped while this group's delivery was under way: unscored
             return trajectories
         parts = split_by_route(trajectories, self.routes)
         self._teacher_calls += 1
@@ -248,8 +248,8 @@ class RolloutWorker:
                 await asyncio.sleep(0.5)
         raise RuntimeError(f"{name} did not come back after it was killed as hung")
 
-    async def retire_teacher(self) -> None:
-        """Stop scoring with the teacher (RetireOPD); returns once no call to it is in flight, so
+    async def drop_teacher(self) -> None:
+        """Stop scoring with the teacher (its schedule is done); returns once no call to it is in flight, so
         the driver can then kill it without failing a delivery."""
         self.stages = [(name, stage) for name, stage in self.stages if name != teacher_scores.__name__]
         self.segment_stages = [(name, stage) for name, stage in self.segment_stages if name != teacher_scores.__name__]

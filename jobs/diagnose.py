@@ -88,7 +88,9 @@ def prefix_length(turn: Turn, fraction: float) -> int:
 
 
 def check_writing_teacher(config) -> None:
-    if config.teacher is None or config.teacher.backend == "oracle":
+    from teacher.registry import teacher_backend
+
+    if config.teacher is None or not teacher_backend(config.teacher.backend).loads_model:
         raise ValueError("the continuation test needs a teacher that writes text: set teacher.backend=hf (or vllm) "
                          "and teacher.model.path; the oracle scores tokens but does not generate")
 

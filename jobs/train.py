@@ -43,6 +43,7 @@ from judge.service import JudgeConfig
 from learner.algorithms import ALGORITHMS
 from learner.models import ModelConfig
 from learner.trainer import LearnerConfig
+from teacher.registry import teacher_backend
 from teacher.routing import TeacherRoute, check_routes
 from teacher.service import TeacherConfig
 
@@ -151,17 +152,14 @@ class JobConfig(BaseModel):
         if self.teacher_routes:
             env = make_env(self.env)
             check_routes(self.teacher_routes, self.teacher is not None, env.task_types, env.splits)
-            if ALGORITHMS[algorithm.name].retires:
-                raise ValueError("RetireOPD retires one teacher: teacher_routes cannot be combined with it")
-        if ALGORITHMS[algorithm.name].retires and algorithm.retirement.teacher_success is None \
-                and self.teacher is not None and self.teacher.backend == "remote":
-            raise ValueError("learner.algorithm.retirement.teacher_success must be set for a remote teacher "
-                             "(its eval success with privileged context)")
+            if ALGORITHMS[algorithm.name].schedule is not None:
+                raise ValueError(f"learner.algorithm {algorithm.name} stops its one teacher on a schedule of its own: "
+                                 f"teacher_routes cannot be combined with it")
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
         if self.rollout.loop.working_memory:
-            if any(t.backend == "oracle" for t in self.teachers):
+            if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
                                  "environment's expert and has no answer for a memory turn; use a model teacher "
                                  "(teacher.backend=hf|vllm|remote) or turn working memory off")
@@ -173,10 +171,11 @@ class JobConfig(BaseModel):
         # vLLM rejects a longer prompt with an error, which would fail the worker (or the teacher
         # scoring a whole turn, prompt and response: the same budget) mid-run.
         contexts = [("rollout.vllm.max_model_len", rollout.vllm.max_model_len)] if rollout.engine == "vllm" else []
-        contexts += [(f"{where}.vllm.max_model_len", t.vllm.max_model_len)
-                     for where, t in [("teacher", self.teacher)] + [(f"teacher_routes[{i}].teacher", r.teacher)
-                                                                     for i, r in enumerate(self.teacher_routes)]
-                     if t is not None and t.backend == "vllm"]
+        for where, t in [("teacher", self.teacher)] + [(f"teacher_routes[{i}].teacher", r.teacher)
+                                                        for i, r in enumerate(self.teacher_routes)]:
+            limit = None if t is None else teacher_backend(t.backend).context_limit(t)
+            if limit is not None:
+                contexts.append((f"{where}.{limit[0]}", limit[1]))
         for where, length in contexts:
             if rollout.loop.max_context_tokens > length:
                 raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
@@ -232,7 +231,7 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
 
     unavailable: set[str] = set()
     # Hub names are downloaded here, once, before any actor reads them from the cache.
-    for model in [config.model] + [t.model for t in config.teachers if t.backend in ("hf", "vllm")] + \
+    for model in [config.model] + [t.model for t in config.teachers if teacher_backend(t.backend).loads_model] + \
             ([config.judge.serve.model] if config.judge is not None and config.judge.serve is not None else []):
         if dry is None:
             fetch_model(model)
@@ -243,12 +242,13 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
         student = check("model.path tokenizer", lambda: load_tokenizer(config.model))
     for i, teacher in enumerate(config.teachers):
         where = "teacher" if config.teacher is not None and i == 0 else "teacher_routes teacher"
-        if teacher.backend == "remote":
+        entry = teacher_backend(teacher.backend)
+        if entry.check is not None:
             if student is None:
-                dry.not_run.append(f"{where} at {teacher.remote.url}: needs the student's tokenizer")
+                dry.not_run.append(f"{where} ({teacher.backend}): needs the student's tokenizer")
             else:
-                check(f"{where} at {teacher.remote.url}", lambda: _check_remote_teacher(config, teacher, student))
-        elif teacher.backend != "oracle":
+                check(f"{where} ({teacher.backend})", lambda: _check_teacher_reach(config, teacher, student))
+        if entry.loads_model:
             if teacher.model.path in unavailable:
                 dry.not_run.append(f"{where} {teacher.model.path}: its model is not available")
             else:
@@ -263,15 +263,19 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
                     raise ValueError(f"{where}: {exc}") from None
 
             check(where, loads)
-    if config.judge is not None and config.judge.backend == "http" and config.judge.serve is None:
+    if config.judge is not None and config.judge.serve is None:
         # reachable, model served, key accepted (a served judge is checked once its server is up)
-        if student is None:
-            dry.not_run.append(f"judge at {config.judge.http.base_url}: needs the student's tokenizer")
+        if config.model.path in unavailable:
+            dry.not_run.append(f"judge ({config.judge.backend}): needs the student's tokenizer")
         else:
-            check(f"judge at {config.judge.http.base_url}", lambda: _check_http_judge(config, student))
+            check(f"judge ({config.judge.backend})", lambda: _check_judge(config))
     check("rollout.split", lambda: check_split(config.env, config.rollout.split, "rollout.split"))
     check("run.eval_split", lambda: check_split(config.env, config.run.eval_split, "run.eval_split"))
     algorithm = ALGORITHMS[config.learner.algorithm.name]
+    if algorithm.schedule is not None and config.teacher is not None:
+        # Built as the run builds it, with what SR_T needs checked instead of measured.
+        check("learner.algorithm schedule", lambda: algorithm.schedule(
+            config.learner.algorithm, lambda: _teacher_success_known(config), None))
     if algorithm.curriculum is not None:  # B2F reads its expert trajectories here
         check("curriculum", lambda: algorithm.curriculum(config.learner.algorithm))
     if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -293,14 +297,13 @@ def _raise(message: str) -> None:
     raise ValueError(message)
 
 
-def _check_remote_teacher(config: JobConfig, teacher: TeacherConfig, student) -> None:
-    from teacher.remote import check_server
-
-    _, max_len = check_server(teacher.remote, student)
-    if max_len and config.rollout.loop.max_context_tokens > max_len:
+def _check_teacher_reach(config: JobConfig, teacher: TeacherConfig, student) -> None:
+    """What the backend reaches answers, and accepts the job's longest context."""
+    max_len = teacher_backend(teacher.backend).check(teacher, student)
+    if max_len is not None and config.rollout.loop.max_context_tokens > max_len:
         raise ValueError(f"rollout.loop.max_context_tokens ({config.rollout.loop.max_context_tokens}) is longer "
-                         f"than the remote teacher's context at {teacher.remote.url} ({max_len} tokens): it would "
-                         f"refuse to score long turns")
+                         f"than the {teacher.backend} teacher's context ({max_len} tokens): it would refuse to "
+                         f"score long turns")
 
 
 def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
@@ -308,22 +311,34 @@ def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
     from teacher.privileged import check_built_teacher
 
     load_tokenizer(teacher.model)
-    manifest = check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env,
-                                   config.rollout.loop.prompt)
-    if manifest is None and ALGORITHMS[config.learner.algorithm.name].retires \
-            and config.learner.algorithm.retirement.teacher_success is None:
-        raise ValueError(f"learner.algorithm.retirement.teacher_success must be set: teacher {teacher.model.path!r} "
-                         f"was not built by jobs.build_teacher, so its success with privileged context (SR_T) is "
-                         f"unknown")
+    check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env, config.rollout.loop.prompt)
 
 
-def _check_http_judge(config: JobConfig, student) -> None:
+def _teacher_success_known(config: JobConfig) -> float:
+    """Preflight's stand-in for jobs.training.teacher_success: ValueError when the run could not
+    measure the teacher's eval success (SR_T); 1.0 otherwise (nothing is measured here)."""
+    from learner.models import resolve_model_dir
+    from teacher.privileged import read_teacher_manifest
+
+    teacher = config.teacher
+    entry = teacher_backend(teacher.backend)
+    if not entry.scores_text:  # the environment's expert is the teacher: its success is measured at start
+        return 1.0
+    if entry.loads_model and read_teacher_manifest(resolve_model_dir(teacher.model)) is not None:
+        return 1.0
+    raise ValueError(f"learner.algorithm {config.learner.algorithm.name} needs the teacher's eval success with "
+                     f"privileged context (SR_T), which is unknown for this {teacher.backend} teacher (only a teacher "
+                     f"built by jobs.build_teacher, or the oracle, tells it): set it in learner.algorithm (retire_opd: "
+                     f"retirement.teacher_success)")
+
+
+def _check_judge(config: JobConfig) -> None:
     import asyncio
 
-    from judge.http import HttpJudge
+    from judge.registry import judge_backend
 
     async def check_judge() -> None:
-        judge = HttpJudge(config.judge.http, student)
+        judge = judge_backend(config.judge.backend).build(config.judge, config.model, config.env)
         try:
             await judge.check()
         finally:

@@ -17,7 +17,6 @@ from cluster.files import write_atomic
 from jobs.config import dump_config
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
 from jobs.tensorboard import TensorBoardLog
-from learner.retirement import RetirementController
 from learner.trainer import PREVIOUS, check_checkpoint
 
 
@@ -36,19 +35,17 @@ def wait_until_dead(actor, timeout_s: float = 60.0) -> None:
 
 
 def teacher_success(config) -> float:
-    """SR_T of the retirement rule: configured; or a built teacher's (jobs.build_teacher measured
-    it, with its privileged context, on its eval split); or the environment expert's success on
-    the eval split when the oracle (the expert itself) is the teacher."""
+    """The teacher's eval success, for a schedule that asks (RetireOPD's SR_T): a built teacher's
+    (jobs.build_teacher measured it, with its privileged context, on its eval split); or the
+    environment expert's success on the eval split when the oracle (the expert itself) is the teacher."""
     from actors.agent_loop import EpisodeTask, run_episodes
     from actors.expert import ExpertPolicy
     from envs.registry import make_env
     from learner.models import resolve_model_dir
     from teacher.privileged import read_teacher_manifest
+    from teacher.registry import teacher_backend
 
-    configured = config.learner.algorithm.retirement.teacher_success
-    if configured is not None:
-        return configured
-    if config.teacher.backend != "oracle":  # preflight checked the manifest is there
+    if teacher_backend(config.teacher.backend).scores_text:  # preflight checked the manifest is there
         return max(read_teacher_manifest(resolve_model_dir(config.teacher.model))["teacher_success"], 1e-6)
     tasks = [EpisodeTask(config.run.eval_split, seed) for seed in range(config.run.eval_tasks)]
     results = run_episodes(lambda: make_env(config.env), tasks, ExpertPolicy(), config.rollout.loop,
@@ -138,19 +135,17 @@ class TrainingRun:
         self.buffer = create_buffer_actor(config.buffer, name="buffer")
         algorithm = config.learner.algorithm
         self.algorithm = ALGORITHMS[algorithm.name]
-        self.retirement = None
-        if self.algorithm.retires:
-            if resume:  # the saved rule state (SR_T included); a retired teacher is not started again
-                state = check_checkpoint(latest_checkpoint(self.dir))["extra"]["retirement"]
-                self.retirement = RetirementController(algorithm.retirement, state["teacher_success"])
-                self.retirement.load_state_dict(state)
-            else:
-                self.retirement = RetirementController(algorithm.retirement, teacher_success(config))
+        self.schedule = None
+        """The algorithm's TeacherSchedule (learner/algorithms.py): a resume reads its state back
+        first, so a teacher it stopped is not started again."""
+        if self.algorithm.schedule is not None:
+            state = check_checkpoint(latest_checkpoint(self.dir))["extra"]["schedule"] if resume else None
+            self.schedule = self.algorithm.schedule(algorithm, lambda: teacher_success(config), state)
         self._plan, self._strategies = plan, strategies
         # One service per teacher bundle, only when the algorithm's stages score with a teacher;
         # rollout worker i sends its groups to teacher i mod M.
         self.teachers = []
-        if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and not self.teacher_retired:
+        if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and self.teacher_active:
             self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=f"teacher-{j}",
                                                     prompt=config.rollout.loop.prompt, named=True,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
@@ -175,13 +170,13 @@ class TrainingRun:
         self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
                                 num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
                                 placement=strategies["rollout"], env=config.env, algorithm=algorithm,
-                                teacher_retired=self.teacher_retired, named=True, routed_teachers=routed,
+                                teacher_active=self.teacher_active, named=True, routed_teachers=routed,
                                 routes=config.teacher_routes, judge=self.judge,
                                 env_placement=(plan.env.cpus, strategies["env"]) if plan.env.count else None)
         self.teachers += list(routed.values())  # their stats, restarts and the final kill too
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
-        if self.teacher_retired:
+        if not self.teacher_active:
             self._give_teacher_bundles_to_rollout()
         self.tensorboard = TensorBoardLog(self.dir / "tensorboard") if config.run.tensorboard else None
         self.rows: list[StepRecord] = []
@@ -209,15 +204,15 @@ class TrainingRun:
             self._resume()
 
     @property
-    def teacher_retired(self) -> bool:
-        return self.retirement is not None and self.retirement.retired_at is not None
+    def teacher_active(self) -> bool:
+        return self.schedule is None or self.schedule.teacher_active()
 
     @property
     def learner_algorithm(self):
-        """The loss the learner trains with now: after retirement, λ = 0 (no OPD or top-k term)."""
+        """The loss the learner trains with at this step (the schedule's, when the algorithm has one)."""
         algorithm = self.config.learner.algorithm
-        return algorithm.model_copy(update={"opd_lambda": 0.0, "topk_kl_coef": 0.0}) if self.teacher_retired \
-            else algorithm
+        return algorithm if self.schedule is None else \
+            self.schedule.loss_config(algorithm, self.version - self.warm_steps)
 
     def _give_teacher_bundles_to_rollout(self) -> int:
         """One rollout worker per teacher bundle; none when the teacher role reserved nothing (an
@@ -229,20 +224,20 @@ class TrainingRun:
                               placement=self._strategies["teacher"])
         return plan.teacher.count
 
-    def _retire_teacher(self) -> None:
-        """RetireOPD: no more teacher calls, λ = 0, the teacher actors go and their bundles run
-        extra rollout workers."""
+    def _stop_teacher(self) -> None:
+        """The schedule is done with the teacher: no more teacher calls, the teacher actors go and
+        their bundles run extra rollout workers."""
         import ray
 
-        self.pool.retire_teacher()
+        self.pool.stop_teacher()
         for teacher in self.teachers:
             ray.kill(teacher, no_restart=True)
         for teacher in self.teachers:  # gone for good before its bundle is reused
             wait_until_dead(teacher)
         num_teachers, self.teachers, self._teacher_pids = len(self.teachers), [], []
         added = self._give_teacher_bundles_to_rollout()
-        print(f"teacher retired at version {self.version}: λ = 0, {num_teachers} teacher service(s) stopped, "
-              f"{added} rollout worker(s) started in their place", flush=True)
+        print(f"teacher stopped by the {self.config.learner.algorithm.name} schedule at version {self.version}: "
+              f"{num_teachers} teacher service(s) stopped, {added} rollout worker(s) started in their place", flush=True)
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.dir)
@@ -265,9 +260,9 @@ class TrainingRun:
         self._faults = {key: max(0, value - ((getattr(kept, key) or 0) if kept else 0))
                         for key, value in self._faults.items()}
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
-        if self.teacher_retired:
-            print(f"the teacher retired at version {self.retirement.retired_at}: no teacher service started",
-                  flush=True)
+        if not self.teacher_active:
+            print(f"the {self.config.learner.algorithm.name} schedule had stopped the teacher: no teacher service "
+                  f"started", flush=True)
 
     def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         import ray
@@ -384,9 +379,8 @@ class TrainingRun:
             if run.eval_every and step % run.eval_every == 0:
                 overall, by_type = self.evaluate()
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
-                if self.retirement is not None and self.retirement.observe(self.version, self._gap_since_eval(row),
-                                                                            overall):
-                    self._retire_teacher()
+            if self.schedule is not None and self.schedule.after_step(self.version, row.reverse_kl, row.eval_success):
+                self._stop_teacher()
             self.rows.append(row)
             if self.tensorboard is not None:
                 self.tensorboard.record(row)
@@ -410,7 +404,7 @@ class TrainingRun:
         path = self.checkpoint()
         raise RunStalled(
             f"no sample reached the learner for {waited_s:.0f} s (run.stall_timeout_s) at version {self.version}: "
-            f"{len(self.pool.active)} rollout worker(s) in the pool ({len(self.pool.retired)} left it), "
+            f"{len(self.pool.active)} rollout worker(s) in the pool ({len(self.pool.left)} left it), "
             f"{totals['num_groups_delivered']} groups delivered by their current incarnations, buffer "
             f"{int(buffer['num_resident'])} samples resident; checkpointed at {path}")
 
@@ -436,15 +430,6 @@ class TrainingRun:
             raise NonFiniteTraining(
                 f"{limit} learner steps in a row were skipped (last: {what}) at version {self.version}; {hint}, "
                 f"or raise run.max_nonfinite_steps")
-
-    def _gap_since_eval(self, row: StepRecord) -> float:
-        """K_n: mean reverse KL over the steps since the previous evaluation, this one included."""
-        gaps = [row.reverse_kl]
-        for previous in reversed(self.rows):
-            if previous.eval_success is not None:
-                break
-            gaps.append(previous.reverse_kl)
-        return sum(gaps) / len(gaps)
 
     def _wait_for_batch(self, num_samples: int, should_stop: Callable[[], bool]):
         """Up to num_samples fresh samples, gathered in one-second waits so that a stop request
@@ -493,11 +478,12 @@ class TrainingRun:
             for field, key in (("judged_turns", "num_turns_judged"), ("judge_neutral_turns", "num_neutral")):
                 judge[field] = (getattr(previous, field, None) or 0) + now[key] - self._judge_seen.get(key, 0)
             self._judge_seen = now
-        # Defaults for algorithms without λ, retirement or a horizon curriculum: the student acts
-        # for the whole episode.
+        # Defaults for algorithms without λ, a teacher schedule or a horizon curriculum: the student
+        # acts for the whole episode.
         max_turns = float(self.config.rollout.loop.max_turns)
-        gauges = {"opd_lambda": 0.0, "teacher_retired": float(self.teacher_retired), "horizon_k": max_turns,
-                  **self.algorithm.gauges(self.learner_algorithm, self.version - self.warm_steps)}
+        gauges = {"opd_lambda": 0.0, "teacher_retired": float(not self.teacher_active), "horizon_k": max_turns,
+                  **self.algorithm.gauges(self.learner_algorithm, self.version - self.warm_steps),
+                  **(self.schedule.gauges() if self.schedule is not None else {})}
         gauges["horizon_k"] = min(gauges["horizon_k"], max_turns)
         staleness = [self.version - 1 - v for v in versions]
         record = StepRecord(
@@ -608,13 +594,17 @@ class TrainingRun:
                 f"learn {row.learner_step_s:.2f}s idle {row.learner_idle_s:.2f}s sync {row.weight_sync_s:.2f}s")
         if row.eval_success is not None:
             line += f" eval {row.eval_success:.2f}"
+        # Totals since the run began, once there is one: a user sees each fault the job absorbed.
+        restarts = {"rollout": row.rollout_failed_runs, "teacher": row.teacher_restarts, "env": row.env_restarts}
+        if any(restarts.values()):
+            line += " restarts " + " ".join(f"{name} {num}" for name, num in restarts.items())
         return line
 
     def checkpoint(self) -> Path:
         name = f"step_{self.version:06d}"
         extra = {"version": self.version, "warm_start_steps": self.warm_steps}
-        if self.retirement is not None:
-            extra["retirement"] = self.retirement.state_dict()
+        if self.schedule is not None:
+            extra["schedule"] = self.schedule.state_dict()
         path = self.learner.save(str(self.dir / "checkpoints" / name), extra=extra)
         # `latest` is replaced atomically, and only once the checkpoint itself is complete.
         write_atomic(self.dir / "checkpoints" / "latest", lambda tmp: tmp.write_text(name))

@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import hashlib
 from collections import OrderedDict
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,6 +28,7 @@ from buffer.contracts import Trajectory
 from cluster.vllm_server import ServerConfig
 from envs.registry import EnvConfig
 from judge.http import HttpJudgeConfig
+from judge.registry import JudgeBackendEntry, judge_backend
 from learner.models import ModelConfig
 
 
@@ -36,9 +37,9 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["oracle", "http"] = "oracle"
-    """'oracle': the environment's expert (judge/oracle.py); 'http': a judge model behind an
-    OpenAI-compatible API (judge/http.py)."""
+    backend: str = "oracle"
+    """A registered judge backend (judge/registry.py): the shipped 'oracle', the environment's expert
+    (judge/oracle.py), and 'http', a judge model behind an OpenAI-compatible API (judge/http.py)."""
     http: HttpJudgeConfig = HttpJudgeConfig()
     serve: ServerConfig | None = None
     """Start `vllm serve` of `serve.model` on 127.0.0.1 inside the judge's actor (its bundle is the
@@ -58,8 +59,10 @@ class JudgeConfig(BaseModel):
         if self.outcome_weight == 0 and self.judge_weight == 0:
             raise ValueError("judge.outcome_weight and judge.judge_weight are both 0: every turn reward would be "
                              "its format term alone")
-        if self.serve is not None and self.backend != "http":
-            raise ValueError("judge.serve starts a judge model server: it needs judge.backend=http")
+        entry = judge_backend(self.backend)  # an unknown name fails here, naming the known ones
+        if self.serve is not None and entry.served is None:
+            raise ValueError(f"judge.serve starts a judge model server: the {self.backend} backend cannot judge "
+                             f"through one (judge.backend=http can)")
         return self
 
 
@@ -93,18 +96,6 @@ def episode_digest(trajectory: Trajectory) -> bytes:
 def judged_reward(config: JudgeConfig, trajectory: Trajectory, turn: int, score: float) -> float:
     return (config.outcome_weight * trajectory.outcome_reward + config.judge_weight * (2 * score - 1)
             + trajectory.turns[turn].turn_reward)
-
-
-def build_backend(config: JudgeConfig, model: ModelConfig, env: EnvConfig) -> JudgeBackend:
-    if config.backend == "oracle":
-        from envs.registry import make_env
-        from judge.oracle import OracleJudge
-
-        return OracleJudge(make_env(env))
-    from judge.http import HttpJudge
-    from learner.models import load_tokenizer
-
-    return HttpJudge(config.http, load_tokenizer(model))
 
 
 class JudgeService:
@@ -169,15 +160,15 @@ class JudgeService:
 
 
 class _ServiceActor(JudgeService):
-    def __init__(self, config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str) -> None:
+    def __init__(self, config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str,
+                 entry: JudgeBackendEntry) -> None:
         if config.serve is not None:
             from cluster.vllm_server import VLLMServer
 
             # The server dies with this actor (its parent-death signal): a restarted judge starts its own.
             self.server = VLLMServer(config.serve).wait_ready()
-            config = config.model_copy(update={"http": config.http.model_copy(update={
-                "base_url": self.server.url, "model": self.server.model_dir})})
-        super().__init__(config, build_backend(config, model, env), name)
+            config = entry.served(config, self.server.url, self.server.model_dir)
+        super().__init__(config, entry.build(config, model, env), name)
 
 
 def create_judge_service(config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str = "judge",
@@ -189,4 +180,6 @@ def create_judge_service(config: JudgeConfig, model: ModelConfig, env: EnvConfig
     options.update(max_restarts=config.max_restarts, max_task_retries=-1)
     if named:
         options["name"] = name
-    return ray.remote(_ServiceActor).options(**options).remote(config, model, env, name)
+    # The entry travels with the actor: a backend registered by the driver's code alone builds there too.
+    return ray.remote(_ServiceActor).options(**options).remote(config, model, env, name,
+                                                               judge_backend(config.backend))

@@ -23,14 +23,14 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from buffer.contracts import Trajectory
 from learner.curriculum import TCODConfig, TCODCurriculum, horizon
-from learner.retirement import RetirementConfig
+from learner.retirement import RetirementConfig, retirement_schedule
 
 
 class AlgorithmConfig(BaseModel):
@@ -304,9 +304,10 @@ class Algorithm:
     curriculum: Callable[[AlgorithmConfig], TCODCurriculum] | None = None
     """Builds the per-episode plan a rollout worker follows (the TCOD horizon); None: every
     episode is the student's, up to the loop's turn limit."""
-    retires: bool = False
-    """The driver runs the retirement rule at each evaluation (RetireOPD) and, once it fires,
-    trains with λ = 0 and hands the teacher's resources to rollout."""
+    schedule: "ScheduleFactory | None" = None
+    """The algorithm's run-long control of its teacher (RetireOPD's retirement rule), built once
+    per run by the driver, which calls its hooks at fixed points (`TeacherSchedule`); None: the
+    teacher, when the stages use one, serves the whole run with the configured loss."""
     segment_stages: tuple[StageFactory, ...] | None = None
     """Stages run on segments of running episodes (`RolloutConfig.segments`): each sees every
     turn so far and no outcome yet. None: the loss needs finished episodes (a reward, a group
@@ -328,6 +329,40 @@ class Algorithm:
 
     def uses_judge(self, cfg: AlgorithmConfig) -> bool:
         return judge_rewards in self.group_stages(cfg)
+
+
+class TeacherSchedule(Protocol):
+    """What an algorithm decides about its teacher over a run. The driver keeps one per run,
+    saves `state_dict` in every checkpoint and hands it back on a resume or a recovery, and:
+    starts teacher services only while `teacher_active`; trains each step with `loss_config`;
+    calls `after_step` once per learner step (with the evaluation's success on evaluation
+    steps); and, when that returns True, stops the teacher for good: its services end, the
+    workers drop the scoring stage, and the teacher's bundles run extra rollout workers."""
+
+    def teacher_active(self) -> bool:
+        ...
+
+    def loss_config(self, cfg: AlgorithmConfig, step: int) -> AlgorithmConfig:
+        """The loss the learner trains with at main-loop step `step` (after the warm start)."""
+        ...
+
+    def after_step(self, version: int, reverse_kl: float, eval_success: float | None) -> bool:
+        """One learner step's sampled-token reverse KL, and its eval success when it evaluated;
+        True exactly once: the teacher is done from this version on."""
+        ...
+
+    def gauges(self) -> dict[str, float]:
+        """Per-step gauges of its own (recorded and exported with the algorithm's)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+
+ScheduleFactory = Callable[[AlgorithmConfig, Callable[[], float], "dict[str, Any] | None"], TeacherSchedule]
+"""(config, teacher_success, state) -> the run's schedule: `state` is what a checkpoint saved (a
+resume or a recovery), else None; `teacher_success()` measures the teacher's eval success SR_T
+(costly: call it only when needed)."""
 
 
 def _with_topk_scoring(stages: tuple[StageFactory, ...], cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
@@ -353,7 +388,8 @@ register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_score
 register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
                                       gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}))
 register_algorithm("retire_opd", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
-                                           gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}, retires=True))
+                                           gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
+                                           schedule=retirement_schedule))
 register_algorithm("sft", Algorithm(sft_loss))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                      gauges=lambda cfg, step: {"opd_lambda": 1.0,

@@ -10,12 +10,13 @@ window means, and
 
 with SR_T the teacher's own success. The teacher retires at the first m ≥ 2 with ρ_m ≥ δ
 and η_m ≥ γ. Retirement is permanent: its version is saved in the checkpoint and a resumed
-run never starts the teacher again. Pure Python; `TrainingRun` acts on the decision.
+run never starts the teacher again. Pure Python; the algorithm's `TeacherSchedule`
+(learner/algorithms.py), which the driver calls without knowing RetireOPD.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +49,26 @@ class RetirementController:
         self.successes: list[float] = []
         self.retired_at: int | None = None
         """Learner version at which the teacher retired; None while it serves."""
+        self.since_eval: list[float] = []
+        """Reverse KL of the steps since the previous evaluation (K_n is their mean with the evaluation step's)."""
+
+    # The TeacherSchedule hooks.
+    def teacher_active(self) -> bool:
+        return self.retired_at is None
+
+    def loss_config(self, cfg, step: int):
+        """After retirement λ = 0: no OPD or top-k term."""
+        return cfg if self.retired_at is None else cfg.model_copy(update={"opd_lambda": 0.0, "topk_kl_coef": 0.0})
+
+    def after_step(self, version: int, reverse_kl: float, eval_success: float | None) -> bool:
+        self.since_eval.append(reverse_kl)
+        if eval_success is None:
+            return False
+        gap, self.since_eval = sum(self.since_eval) / len(self.since_eval), []
+        return self.observe(version, gap, eval_success)
+
+    def gauges(self) -> dict[str, float]:
+        return {"teacher_retired": float(self.retired_at is not None)}
 
     def _window(self, values: list[float], m: int) -> float:
         """Mean of window m (1-based)."""
@@ -77,9 +98,19 @@ class RetirementController:
 
     def state_dict(self) -> dict[str, Any]:
         return {"gaps": list(self.gaps), "successes": list(self.successes), "retired_at": self.retired_at,
-                "teacher_success": self.teacher_success}
+                "teacher_success": self.teacher_success, "since_eval": list(self.since_eval)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.gaps, self.successes = list(state["gaps"]), list(state["successes"])
         self.retired_at = state["retired_at"]
         self.teacher_success = state["teacher_success"]
+        self.since_eval = list(state["since_eval"])
+
+
+def retirement_schedule(cfg, teacher_success: Callable[[], float], state: dict[str, Any] | None) -> RetirementController:
+    """RetireOPD's TeacherSchedule: SR_T configured, or measured once (a resume reads it back)."""
+    if state is not None:
+        controller = RetirementController(cfg.retirement, state["teacher_success"])
+        controller.load_state_dict(state)
+        return controller
+    return RetirementController(cfg.retirement, cfg.retirement.teacher_success or teacher_success())

@@ -8,7 +8,8 @@ leaves a task type of the environment unrouted, before anything starts.
 
 Routed teachers serve without a resource bundle of their own (a remote server or the oracle:
 the CPU work is batching and HTTP); in-process model teachers (hf, vllm) stay the default
-teacher, which the resource plan places and replicates.
+teacher, which the resource plan places and replicates. The rollout worker splits each batch by
+route (actors/routing.py).
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from buffer.contracts import Trajectory
+from actors.routing import DEFAULT_ROUTE
+from teacher.registry import teacher_backend
 from teacher.service import TeacherConfig
-
-DEFAULT_ROUTE = "default"
-"""Name of the default teacher among the services a worker routes to."""
 
 
 class TeacherRoute(BaseModel):
@@ -37,37 +36,11 @@ class TeacherRoute(BaseModel):
 
     @model_validator(mode="after")
     def _no_bundle_needed(self) -> "TeacherRoute":
-        if self.teacher.backend not in ("remote", "oracle"):
+        if teacher_backend(self.teacher.backend).loads_model:
             raise ValueError(f"routed teacher {self.name!r}: backend {self.teacher.backend!r} needs a resource bundle; "
                              f"routed teachers are remote servers or the oracle (make an in-process model the "
                              f"default `teacher`)")
         return self
-
-
-def route_of(trajectory: Trajectory, routes: tuple[TeacherRoute, ...]) -> str:
-    """The name of the teacher that scores `trajectory` (DEFAULT_ROUTE when no route matches)."""
-    for route in routes:
-        if getattr(trajectory, route.field) in route.values:
-            return route.name
-    return DEFAULT_ROUTE
-
-
-def split_by_route(trajectories: list[Trajectory], routes: tuple[TeacherRoute, ...]) -> dict[str, list[int]]:
-    """Teacher name -> the indices of the trajectories it scores, in order."""
-    parts: dict[str, list[int]] = {}
-    for i, trajectory in enumerate(trajectories):
-        parts.setdefault(route_of(trajectory, routes), []).append(i)
-    return parts
-
-
-def merge_routed(num_trajectories: int, parts: dict[str, list[int]], scored: list[list[Trajectory]]) -> list:
-    """The scored trajectories back in their original order (`scored` in the order of `parts`)."""
-    out: list[Trajectory | None] = [None] * num_trajectories
-    for indices, results in zip(parts.values(), scored, strict=True):
-        assert len(indices) == len(results), "a teacher answered a different number of trajectories"
-        for i, trajectory in zip(indices, results):
-            out[i] = trajectory
-    return out
 
 
 def check_routes(routes: tuple[TeacherRoute, ...], has_default: bool, task_types: tuple[str, ...],

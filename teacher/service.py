@@ -15,20 +15,21 @@ import dataclasses
 import os
 import time
 from collections import deque
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.vllm_engine import VLLMConfig
 from buffer.contracts import Trajectory
-from envs.privileged import PrivilegedConfig, PrivilegedContext
+from envs.privileged import PrivilegedConfig
 from envs.prompt import PromptConfig
 from envs.registry import EnvConfig
 from learner.models import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
 from teacher.privileged import TeacherPromptBuilder
+from teacher.registry import BuildContext, TeacherBackendEntry, teacher_backend
 from teacher.remote import RemoteConfig
 
 
@@ -37,7 +38,8 @@ class TeacherConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["oracle", "hf", "vllm", "remote"] = "oracle"
+    backend: str = "oracle"
+    """A registered teacher backend (teacher/registry.py; the shipped ones: teacher/builtin.py)."""
     model: ModelConfig = ModelConfig()
     """Teacher weights (hf and vllm backends); must share the student's tokenizer."""
     vllm: VLLMConfig = VLLMConfig()
@@ -64,9 +66,9 @@ class TeacherConfig(BaseModel):
 
     @model_validator(mode="after")
     def _privileged_needs_a_model(self) -> "TeacherConfig":
-        if self.backend == "oracle" and self.privileged.enabled:
-            raise ValueError("teacher.privileged is for model teachers: the oracle is the environment's expert and "
-                             "already knows the full state")
+        if not teacher_backend(self.backend).scores_text and self.privileged.enabled:
+            raise ValueError(f"teacher.privileged is for model teachers: the {self.backend} backend scores tool "
+                             f"calls against the environment's expert, which already knows the full state")
         return self
 
 
@@ -137,47 +139,16 @@ def with_teacher_logprobs(trajectory: Trajectory, scores: list[TokenScores]) -> 
 
 
 def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig,
-                 prompt: PromptConfig = PromptConfig()) -> TrajectoryScorer:
-    """The scorer a TeacherService runs; checks the tokenizers before anything is scored.
-
-    `env_config` is the job's environment: the oracle replays each task in the same
-    environment the student played, and privileged context shows its system prompt and tools.
-    `prompt` is the rollout's prompt config: privileged context rewrites the system turn the
-    way the student's prompts render it.
-    """
+                 prompt: PromptConfig = PromptConfig(), entry: TeacherBackendEntry | None = None) -> TrajectoryScorer:
+    """The scorer a TeacherService runs: `entry` (default: the registered `config.backend`) built
+    with the student's tokenizer, `env_config`'s environment (the one the student played: the
+    oracle replays its tasks, privileged context shows its system prompt and tools) and the
+    rollout's `prompt` config."""
     from envs.registry import make_env
-    from learner.models import load_model, load_tokenizer, resolve_model_dir
+    from learner.models import load_tokenizer
 
-    env = make_env(env_config)
-    student_tok = load_tokenizer(student_model)
-    if config.backend == "oracle":
-        from teacher.oracle import ExpertOracleTeacher
-
-        return ExpertOracleTeacher(student_tok, config.oracle, env)
-    if config.backend == "remote":
-        from teacher.remote import RemoteTeacherBackend
-
-        # The server's tokenizer is checked against the student's (`check_server`): one tokenizer.
-        teacher_tok = student_tok
-        backend = RemoteTeacherBackend(config.remote, student_tok)
-    else:
-        teacher_tok = load_tokenizer(config.model)
-        check_same_tokenizer(student_tok, teacher_tok)
-        if config.backend == "hf":
-            from teacher.backends import HFTeacherBackend
-
-            backend = HFTeacherBackend(load_model(config.model), teacher_tok.pad_token_id, config.max_batch_tokens)
-        else:
-            from actors.vllm_engine import VLLMEngine
-            from teacher.backends import VLLMTeacherBackend
-
-            engine = VLLMEngine(resolve_model_dir(config.model), config.vllm,
-                                [teacher_tok.convert_tokens_to_ids("<|im_end|>")])
-            backend = VLLMTeacherBackend(engine)
-    prompts = None
-    if config.privileged.enabled:
-        prompts = TeacherPromptBuilder(teacher_tok, env, PrivilegedContext(config.privileged), prompt)
-    return ModelTeacher(backend, prompts)
+    entry = entry or teacher_backend(config.backend)
+    return entry.build(config, BuildContext(load_tokenizer(student_model), make_env(env_config), prompt))
 
 
 class TeacherService:
@@ -292,9 +263,9 @@ class _ServiceActor(TeacherService):
     """Builds its own scorer inside the actor (models load where they run)."""
 
     def __init__(self, config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig, name: str,
-                 prompt: PromptConfig = PromptConfig()) -> None:
+                 prompt: PromptConfig, entry: TeacherBackendEntry) -> None:
         self.name, self.config = name, config  # the actor's repr, also when building the scorer fails
-        super().__init__(config, build_scorer(config, student_model, env_config, prompt), name)
+        super().__init__(config, build_scorer(config, student_model, env_config, prompt, entry), name)
 
 
 def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, env_config: EnvConfig,
@@ -308,4 +279,6 @@ def create_teacher_service(config: TeacherConfig, student_model: ModelConfig, en
     options.update(max_restarts=config.max_restarts, max_task_retries=-1)
     if named:
         options["name"] = name
-    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, env_config, name, prompt)
+    # The entry travels with the actor: a backend registered by the driver's code alone builds there too.
+    return ray.remote(_ServiceActor).options(**options).remote(config, student_model, env_config, name, prompt,
+                                                               teacher_backend(config.backend))

@@ -2,6 +2,7 @@
 a few short steps): SIGKILL of actors the job started, found among the job process's
 descendants by their Ray process titles (`ray::<Class>`)."""
 
+import os
 import re
 import signal
 import subprocess
@@ -37,20 +38,20 @@ class Job:
             time.sleep(0.1)
 
     def kill_actor(self, title: str, every: bool = False) -> list[int]:
-        """SIGKILL the first process of the job whose title starts with `ray::<title>` (or `every` one)."""
-        killed = []
+        """SIGKILL the newest process of the job whose title starts with `ray::<title>` (or `every`
+        one). The newest: after a recovery, a process of the replaced actors may still be exiting."""
+        found = []
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                name = child.cmdline()[0] if child.cmdline() else ""
+                if (child.cmdline() or [""])[0].startswith(f"ray::{title}"):
+                    found.append((child.create_time(), child))
             except psutil.NoSuchProcess:
                 continue
-            if name.startswith(f"ray::{title}"):
-                child.send_signal(signal.SIGKILL)
-                killed.append(child.pid)
-                if not every:
-                    break
-        assert killed, f"no ray::{title} process under the job"
-        return killed
+        assert found, f"no ray::{title} process under the job"
+        victims = [child for _, child in sorted(found, key=lambda pair: pair[0], reverse=True)][:None if every else 1]
+        for child in victims:
+            child.send_signal(signal.SIGKILL)
+        return [child.pid for child in victims]
 
     def finish(self, timeout_s: float = 300) -> int:
         code = self.proc.wait(timeout=timeout_s)
@@ -107,30 +108,72 @@ def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_
     assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
 
 
-def test_a_dead_buffer_then_a_dead_learner_rank_are_recovered_in_the_job_then_stop_it_for_resume(tmp_path):
-    """The buffer is killed at step 3, then a learner rank two steps after the recovery: the job
-    rebuilds every actor from the newest checkpoint each time (run.max_failures=2) and ends with
-    exit 0, versions 1..N once each, job_recoveries 2 and the buffer's counts adding up (what the
-    dead buffers held in `buffer_lost`). Then, with no recovery left (run.max_failures=0), a dead
-    buffer stops the run naming the `--resume` command, which continues it at the version it
-    checkpointed."""
-    run_dir, num_steps = tmp_path / "run", 10
-    job = Job(*short_run(run_dir, steps=num_steps), "run.max_failures=2")
-    job.wait_for("step    3 ")
-    job.kill_actor("ReplayBuffer")
-    job.wait_for("recovery 1/2: the replay buffer actor died")
-    resumed_at = len(job.output)
-    job.wait_for("resumed from")
-    version = int(re.search(r"resumed from \S+ at version (\d+)", job.output[resumed_at:]).group(1))
-    assert version >= 3  # the learner outlived the buffer: it checkpointed the version it reached
-    job.wait_for(f"step {version + 2:4d} ")
-    job.kill_actor("LearnerRank")
-    assert job.finish(timeout_s=600) == 0, job.output
-    assert "recovery 2/2: learner rank 0 died" in job.output, job.output
+STEP = re.compile(r"^step\s+(\d+) .*?(?: restarts rollout (\d+) teacher (\d+) env (\d+))?$", re.MULTILINE)
+RESTARTED = {"RolloutWorker": 2, "_ServiceActor": 3, "_EnvActor": 4}
+"""The victims restarted in place: the group of STEP holding their restart total."""
+RECOVERED = {"ReplayBuffer": "the replay buffer actor died", "LearnerRank": r"learner rank \d died"}
+"""The victims the job recovers from by rebuilding every actor: the cause it prints."""
+
+
+def wait_for_step(job: Job, seen: int, done, timeout_s: float = 300) -> int:
+    """Until a step line printed after `seen` characters of output satisfies `done(match)`; its version."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = next((m for m in STEP.finditer(job.output[seen:]) if done(m)), None)
+        if found is not None:
+            return int(found.group(1))
+        assert job.proc.poll() is None and time.monotonic() < deadline, f"no such step:\n{job.output}"
+        time.sleep(0.2)
+
+
+def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself_then_stop_it_for_resume(tmp_path):
+    """A seeded random schedule SIGKILLs a rollout worker, every environment actor, the teacher
+    service, the buffer and a learner rank, in a random order, each a random 1-3 steps after the
+    job accounted the previous kill (its restart total on the step line, or its recovery: a
+    worker's counts between its last report and its death are lost by design, so a kill before
+    that would erase the evidence of the one before). Workers, environment actors and the
+    teacher are restarted in place; the buffer's and the rank's deaths are recovered by the job
+    itself (run.max_failures=2: every actor rebuilt from the newest checkpoint). The one command
+    ends with exit 0, versions 1..N once each, counters that add up and job_recoveries 2.
+    Then, with no recovery left (run.max_failures=0), a dead buffer stops the run naming the
+    `--resume` command, which continues it at the version it checkpointed."""
+    import random
+
+    run_dir, num_steps = tmp_path / "run", 36
+    seed = int(os.environ.get("CHAOS_SEED", "2026"))  # another seed, another schedule
+    rng = random.Random(seed)
+    victims = [*RESTARTED, *RECOVERED]
+    rng.shuffle(victims)
+    schedule = [(rng.randint(1, 3), victim) for victim in victims]
+    job = Job(*short_run(run_dir, steps=num_steps), "run.max_failures=2", "rollout.env_actors=true",
+              "rollout.num_envs=4")
+    restarts = {victim: 0 for victim in RESTARTED}
+    num_recoveries, accounted_at, seen = 0, 0, 0
+    for gap, victim in schedule:
+        # `gap` steps past the one at which the previous kill was accounted (a recovery repeats
+        # the versions after its checkpoint: counted from the first step after it).
+        wait_for_step(job, seen, lambda m: int(m.group(1)) >= accounted_at + gap)
+        seen = len(job.output)
+        job.kill_actor(victim, every=victim == "_EnvActor")
+        if victim in RESTARTED:
+            group, before = RESTARTED[victim], restarts[victim]
+            accounted_at = wait_for_step(job, seen, lambda m: int(m.group(group) or 0) > before)
+            restarts[victim] = max(int(m.group(group) or 0) for m in STEP.finditer(job.output[seen:]))
+        else:
+            num_recoveries += 1
+            job.wait_for(f"recovery {num_recoveries}/2: ")
+            assert re.search(f"recovery {num_recoveries}/2: {RECOVERED[victim]}", job.output), (schedule, job.output)
+            seen = job.output.index(f"recovery {num_recoveries}/2: ")
+            accounted_at = wait_for_step(job, seen, lambda m: True)
+        seen = len(job.output)
+    assert job.finish(timeout_s=600) == 0, f"seed {seed}: {schedule}\n{job.output}"
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in rows] == list(range(1, num_steps + 1)), job.output
+    assert [r["version"] for r in rows] == list(range(1, num_steps + 1)), (schedule, job.output)
     last = rows[-1]
     assert last["job_recoveries"] == 2 and last["duplicate_groups"] == 0 and last["buffer_lost"] >= 0
+    assert last["rollout_failed_runs"] >= restarts["RolloutWorker"] >= 1
+    assert last["teacher_restarts"] >= restarts["_ServiceActor"] >= 1
+    assert last["env_restarts"] >= restarts["_EnvActor"] >= 1, (schedule, job.output)
     assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
                                   + last["buffer_resident"] + last["buffer_lost"])
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))

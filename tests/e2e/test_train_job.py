@@ -323,7 +323,8 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # SR_T is the built teacher's, read from teacher.json (not measured again).
     assert "teacher success (SR_T)" not in proc.stderr
-    assert "teacher retired at version 2: λ = 0, 1 teacher service(s) stopped, 1 rollout worker(s)" in proc.stdout
+    assert "teacher stopped by the retire_opd schedule at version 2: 1 teacher service(s) stopped, 1 rollout worker(s)" \
+        in proc.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
     assert [r["opd_lambda"] for r in rows][-1] == 0.0 and rows[-1]["num_rollout_workers"] == 2
@@ -331,8 +332,8 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "the teacher retired at version 2: no teacher service started" in resumed.stdout
-    assert "teacher retired at version" not in resumed.stdout.replace("the teacher retired at version 2", "")
+    assert "the retire_opd schedule had stopped the teacher: no teacher service started" in resumed.stdout
+    assert "teacher stopped by" not in resumed.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["version"] for r in rows] == list(range(1, 7)) and rows[-1]["teacher_retired"] == 1.0
     assert rows[-1]["num_rollout_workers"] == 2

@@ -280,7 +280,7 @@ def test_a_worker_whose_engine_dies_is_restarted_without_loss(ray_session, tmp_p
     pid = ray.get(pool.workers[0].pid.remote())
     pool.start(max_groups_per_worker=3)
     pool.wait(timeout_s=300)
-    assert pool.num_failed_runs == 1 and not pool.retired and not marker.exists()
+    assert pool.num_failed_runs == 1 and not pool.left and not marker.exists()
     assert ray.get(pool.workers[0].pid.remote()) != pid  # killed and restarted, not left with a dead engine
     samples = drain(ray, buffer)
     assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(3)]
@@ -300,7 +300,7 @@ def test_a_worker_that_keeps_failing_leaves_the_pool_and_the_job_fails(ray_sessi
     with pytest.raises(RuntimeError, match="every rollout worker failed more than max_restarts=1 times.*"
                                            "EngineDeadError: the engine core died"):
         pool.wait(timeout_s=300)
-    assert pool.retired and pool.num_failed_runs == 2
+    assert pool.left and pool.num_failed_runs == 2
     # Its leased groups went back to admission: nothing outstanding for a worker that is gone.
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
 
@@ -347,7 +347,7 @@ def test_driver_calls_survive_a_worker_hung_while_weights_are_published_and_one_
     assert [r["seed"] for r in rows] == seeds and all(r["policy_version"] == 1 for r in rows)
     pool.stop()
     pool.wait(timeout_s=300)
-    assert pool.num_failed_runs == 2 and not pool.retired
+    assert pool.num_failed_runs == 2 and not pool.left
     # After the stop the pool no longer waits for restarts: ask until each new incarnation answers.
     assert all(answered_pid(w) != old for w, old in zip(pool.workers, pids))
 

@@ -128,7 +128,7 @@ def test_the_plan_reserves_a_judge_bundle_only_for_a_judge_that_serves_its_model
     with pytest.raises(ConfigError, match="set judge.serve"):
         load_config(JobConfig, "jobs/configs/babyai_turn_judge_tiny.yaml", ["cluster.plan.judge.count=1",
                                                                             "cluster.plan.judge.cpus=1"])
-    with pytest.raises(ConfigError, match="needs judge.backend=http"):
+    with pytest.raises(ConfigError, match="the oracle backend cannot judge through one"):
         load_config(JobConfig, "jobs/configs/babyai_turn_judge_tiny.yaml", ["judge.serve.model.path=tiny:nano"])
 
 
@@ -301,11 +301,11 @@ def test_a_dry_run_runs_every_check_a_start_makes_and_says_which_it_could_not(ca
     assert "FAILED   model /nonexistent: model.path '/nonexistent' is not a local model directory" in out
     assert "FAILED   run.eval_split: environment 'babyai_text' has no split 'nosplit'" in out
     assert "FAILED   cluster: the resource plan does not fit the cluster (CPU: need 4, have 2) on the embedded node" in out
-    assert "not run  teacher at http://127.0.0.1:9/v1: needs the student's tokenizer" in out
+    assert "not run  teacher (remote): needs the student's tokenizer" in out
     status = main(["--dry-run", f"run.dir={tmp_path / 'run'}", "teacher.backend=remote",
                    "teacher.remote.url=http://127.0.0.1:9/v1"])
     out = capsys.readouterr().out
-    assert status == 2 and "FAILED   teacher at http://127.0.0.1:9/v1: " in out and "the server does not answer" in out
+    assert status == 2 and "FAILED   teacher (remote): teacher.remote.url http://127.0.0.1:9/v1" in out and "the server does not answer" in out
 
 
 @pytest.mark.parametrize("name", ["babyai_opd_qwen3_gpu8", "babyai_opd_remote_qwen3_gpu8",

@@ -43,3 +43,28 @@ def test_the_state_survives_a_checkpoint():
     assert restored.observe(4, 3.0, 1.0) == controller.observe(4, 3.0, 1.0)
     with pytest.raises(ValueError):
         RetirementController(RetirementConfig(), 0.0)
+
+
+def test_as_the_algorithms_teacher_schedule_it_measures_the_gap_since_the_last_evaluation():
+    from learner.algorithms import ALGORITHMS, AlgorithmConfig
+
+    cfg = AlgorithmConfig(name="retire_opd", opd_lambda=0.3, topk_kl_coef=0.1,
+                          retirement=RetirementConfig(window=1, gamma=0.0, delta=-1.0))
+    measured = []
+    schedule = ALGORITHMS["retire_opd"].schedule(cfg, lambda: measured.append(1) or 0.5, None)
+    assert measured == [1] and schedule.teacher_success == 0.5 and schedule.teacher_active()
+    # K_n: the mean reverse KL of the steps since the previous evaluation, this one included.
+    assert not schedule.after_step(1, 1.0, None) and not schedule.after_step(2, 3.0, 0.2)
+    assert schedule.gaps == [2.0]
+    state = schedule.state_dict()
+    assert not schedule.after_step(3, 5.0, None)
+    # A resume reads SR_T and the steps since the evaluation back, measuring nothing.
+    resumed = ALGORITHMS["retire_opd"].schedule(cfg, lambda: pytest.fail("measured again"), state)
+    resumed.after_step(3, 5.0, None)
+    assert resumed.after_step(4, 7.0, 0.3) and resumed.gaps == [2.0, 6.0] and resumed.retired_at == 4
+    assert not resumed.teacher_active() and resumed.gauges() == {"teacher_retired": 1.0}
+    assert resumed.loss_config(cfg, 5).opd_lambda == 0.0 and resumed.loss_config(cfg, 5).topk_kl_coef == 0.0
+    assert schedule.loss_config(cfg, 5) == cfg
+    # A configured SR_T is not measured.
+    configured = cfg.model_copy(update={"retirement": cfg.retirement.model_copy(update={"teacher_success": 0.9})})
+    assert ALGORITHMS["retire_opd"].schedule(configured, lambda: pytest.fail("measured"), None).teacher_success == 0.9

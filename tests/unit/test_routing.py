@@ -6,7 +6,8 @@ from pydantic import ValidationError
 from buffer.contracts import Trajectory
 from jobs.config import ConfigError, load_config
 from jobs.train import JobConfig
-from teacher.routing import DEFAULT_ROUTE, TeacherRoute, check_routes, merge_routed, route_of, split_by_route
+from actors.routing import DEFAULT_ROUTE, merge_routed, route_of, split_by_route
+from teacher.routing import TeacherRoute, check_routes
 from teacher.service import TeacherConfig
 
 ORACLE = TeacherConfig(backend="oracle", top_k=2)
@@ -58,5 +59,5 @@ def test_the_job_config_checks_routes_before_anything_starts():
     unscored_topk = "teacher_routes=[{name: pick, values: [pick_up], teacher: {backend: oracle}}]"
     with pytest.raises(ConfigError, match="needs every teacher's top-k"):
         load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", [*base, unscored_topk])
-    with pytest.raises(ConfigError, match="RetireOPD retires one teacher"):
+    with pytest.raises(ConfigError, match="retire_opd stops its one teacher on a schedule of its own"):
         load_config(JobConfig, "jobs/configs/babyai_retire_tiny.yaml", [*base, route])

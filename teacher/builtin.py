@@ -1,0 +1,80 @@
+"""The teacher backends the project ships, registered with teacher.registry:
+
+- `oracle`: the environment's expert, replayed on each task (teacher/oracle.py);
+- `hf`: teacher.model as a transformers model in the service's process (teacher/backends.py);
+- `vllm`: teacher.model in an in-process vLLM engine, prompt log-probs (teacher/backends.py);
+- `remote`: an OpenAI-compatible server with vLLM's prompt log-probs (teacher/remote.py).
+
+Model backends (hf, vllm) score in the teacher's own, possibly privileged, context
+(`ModelTeacher`); their tokenizer must be the student's.
+"""
+
+from __future__ import annotations
+
+from teacher.registry import BuildContext, TeacherBackendEntry, register_teacher_backend
+
+
+def _oracle(config, ctx: BuildContext):
+    from teacher.oracle import ExpertOracleTeacher
+
+    return ExpertOracleTeacher(ctx.student_tokenizer, config.oracle, ctx.env)
+
+
+def _model_teacher(config, ctx: BuildContext, backend, teacher_tokenizer):
+    from envs.privileged import PrivilegedContext
+    from teacher.privileged import TeacherPromptBuilder
+    from teacher.service import ModelTeacher
+
+    prompts = None
+    if config.privileged.enabled:
+        prompts = TeacherPromptBuilder(teacher_tokenizer, ctx.env, PrivilegedContext(config.privileged), ctx.prompt)
+    return ModelTeacher(backend, prompts)
+
+
+def _teacher_tokenizer(config, ctx: BuildContext):
+    from learner.models import load_tokenizer
+    from teacher.service import check_same_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    check_same_tokenizer(ctx.student_tokenizer, tokenizer)
+    return tokenizer
+
+
+def _hf(config, ctx: BuildContext):
+    from learner.models import load_model
+    from teacher.backends import HFTeacherBackend
+
+    tokenizer = _teacher_tokenizer(config, ctx)
+    backend = HFTeacherBackend(load_model(config.model), tokenizer.pad_token_id, config.max_batch_tokens)
+    return _model_teacher(config, ctx, backend, tokenizer)
+
+
+def _vllm(config, ctx: BuildContext):
+    from actors.vllm_engine import VLLMEngine
+    from learner.models import resolve_model_dir
+    from teacher.backends import VLLMTeacherBackend
+
+    tokenizer = _teacher_tokenizer(config, ctx)
+    engine = VLLMEngine(resolve_model_dir(config.model), config.vllm, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    return _model_teacher(config, ctx, VLLMTeacherBackend(engine), tokenizer)
+
+
+def _remote(config, ctx: BuildContext):
+    from teacher.remote import RemoteTeacherBackend
+
+    # The server's tokenizer is checked against the student's (`check_server`): one tokenizer.
+    return _model_teacher(config, ctx, RemoteTeacherBackend(config.remote, ctx.student_tokenizer),
+                          ctx.student_tokenizer)
+
+
+def _check_remote(config, student_tokenizer) -> int | None:
+    from teacher.remote import check_server
+
+    return check_server(config.remote, student_tokenizer)[1] or None
+
+
+register_teacher_backend("oracle", TeacherBackendEntry(_oracle, scores_text=False))
+register_teacher_backend("hf", TeacherBackendEntry(_hf, loads_model=True))
+register_teacher_backend("vllm", TeacherBackendEntry(
+    _vllm, loads_model=True, context_limit=lambda config: ("vllm.max_model_len", config.vllm.max_model_len)))
+register_teacher_backend("remote", TeacherBackendEntry(_remote, check=_check_remote))
