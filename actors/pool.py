@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from actors.rollout_worker import RolloutConfig, RolloutWorker
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 
 EXTRA_WORKER_SEEDS = 100_000_000
 """First task seed of workers added after the pool started (the first workers' streams,

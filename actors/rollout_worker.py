@@ -37,12 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
 from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
-from actors.engine import SamplingConfig, weights_as_tensors
+from actors.engine import SamplingConfig
+from models.weights import weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.core import GroupLease
 from envs.registry import EnvConfig, default_env_config, make_env
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from actors.routing import DEFAULT_ROUTE, merge_routed, split_by_route
 
 
@@ -110,7 +111,7 @@ def _undelivered(trajectories: list, starts: dict[str, int]) -> list:
 
 def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offset: int = 0):
     """The configured engine; `seed_offset` (the worker index) separates the workers' sampling noise."""
-    from learner.models import load_model, resolve_model_dir
+    from models.loading import load_model, resolve_model_dir
 
     stops = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     if config.engine == "vllm":
@@ -143,7 +144,7 @@ class RolloutWorker:
         `env_placement`: (CPUs of each environment actor, a scheduling strategy for each of the
         `config.num_env_actors`: the rollout set's, then the evaluation set's), None: unreserved, 0 CPUs."""
         from cluster.metrics import ActorMetrics
-        from learner.models import load_tokenizer
+        from models.loading import load_tokenizer
 
         if config.num_envs < config.group_size:
             raise ValueError(f"num_envs ({config.num_envs}) must hold at least one group ({config.group_size})")

@@ -120,7 +120,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from learner.algorithms import AlgorithmConfig
-    from learner.models import ModelConfig
+    from models.loading import ModelConfig
     from learner.shapes import SHAPES, random_model
     from learner.trainer import LearnerConfig, Trainer
 

@@ -29,12 +29,12 @@ def main() -> None:
 
     from actors.agent_loop import EpisodeTask, LoopConfig, run_episodes
     from actors.expert import DemonstrationPolicy
-    from cluster.vllm_server import ServerConfig, VLLMServer
+    from models.vllm_server import ServerConfig, VLLMServer
     from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
     from envs.prompt import PromptConfig
     from judge.http import HttpJudge, HttpJudgeConfig
     from judge.service import JudgeConfig, JudgeService
-    from learner.models import ModelConfig, load_tokenizer
+    from models.loading import ModelConfig, load_tokenizer
 
     model = ModelConfig(path=args.model)
     tokenizer = load_tokenizer(model)

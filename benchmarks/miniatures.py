@@ -8,7 +8,7 @@ whether its weights were published in the preset's dtype. One line per preset, t
     RESULT presets=N passed=P wall_s=... slowest_s=... first_step_s_max=...
 
 A remote teacher is served here, as a user would run it: the tiny teacher behind vLLM's
-OpenAI-compatible server on 127.0.0.1 (cluster.vllm_server), and `teacher.remote.url` points at
+OpenAI-compatible server on 127.0.0.1 (models.vllm_server), and `teacher.remote.url` points at
 it. ALFWorld presets need its games ($ALFWORLD_DATA, or --alfworld-data); a preset whose
 training split is not there (ALFWorld's `train` is not in the evaluation archive) trains on the
 first split that is, and its line says so. A preset that cannot run here is reported, never
@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def remote_teacher_args(stack) -> list[str]:
-    from cluster.vllm_server import ServerConfig, VLLMServer
+    from models.vllm_server import ServerConfig, VLLMServer
     from jobs.miniature import CONTEXT_TOKENS, TEACHER
-    from learner.models import ModelConfig
+    from models.loading import ModelConfig
 
     server = stack.enter_context(VLLMServer(ServerConfig(model=ModelConfig(path=TEACHER), max_model_len=CONTEXT_TOKENS)))
     server.wait_ready()

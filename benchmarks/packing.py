@@ -33,7 +33,7 @@ def main() -> None:
     from buffer.expansion import expand, to_sequences
     from learner.algorithms import AlgorithmConfig
     from cluster.local import free_port
-    from learner.models import ModelConfig
+    from models.loading import ModelConfig
     from learner.trainer import LearnerConfig, Trainer
 
     torch.set_num_threads(args.threads)

@@ -37,7 +37,7 @@ def main() -> None:
     from envs.registry import make_env
     from jobs.config import load_config
     from jobs.train import JobConfig
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     torch.set_num_threads(args.threads)
     job = load_config(JobConfig, args.config)

@@ -4,7 +4,7 @@ pattern), same full-history trajectories of the tiny model, for two backends:
 - hf: in process; the service micro-batches requests from concurrent callers and scores each
   episode's nested turns in one forward pass (ModelTeacher). Goal: at least 5x.
 - remote: a real vLLM OpenAI-compatible server of the same model on 127.0.0.1
-  (cluster.vllm_server); one HTTP request per turn, one after the other, vs the service over
+  (models.vllm_server); one HTTP request per turn, one after the other, vs the service over
   the remote backend (nested turns: one request per episode; concurrent requests, which the
   server batches). Goal: at least 4x.
 
@@ -38,7 +38,7 @@ def main() -> None:
     from actors.hf_engine import HFEngine
     from envs.babyai_text import BabyAITextEnv
     from envs.prompt import PromptConfig
-    from learner.models import ModelConfig, load_model, load_tokenizer
+    from models.loading import ModelConfig, load_model, load_tokenizer
     from teacher.backends import HFTeacherBackend, ScoreRequest
     from teacher.service import ModelTeacher, TeacherConfig, TeacherService
 
@@ -87,7 +87,7 @@ def main() -> None:
     result = {"batched_over_per_turn": measure(HFTeacherBackend(model, tok.pad_token_id, max_batch_tokens=32768),
                                                "hf", 5)}
     if not args.no_remote:
-        from cluster.vllm_server import ServerConfig, VLLMServer
+        from models.vllm_server import ServerConfig, VLLMServer
         from teacher.remote import RemoteConfig, RemoteTeacherBackend
 
         with VLLMServer(ServerConfig(model=cfg, max_model_len=4096)) as server:

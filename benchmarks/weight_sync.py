@@ -34,7 +34,7 @@ class Receiver:
         self.model = Qwen3ForCausalLM(Qwen3Config(**config_dict)).to(getattr(torch, dtype))
 
     def load_from_store(self, refs: list) -> int:
-        from actors.engine import weights_as_tensors
+        from models.weights import weights_as_tensors
 
         state = weights_as_tensors(ray.get(refs[0]))
         self.model.load_state_dict(state, strict=False)
@@ -74,7 +74,7 @@ def bf16_publish_times(config_dict: dict, num_workers: int) -> tuple[float, floa
     bytes, and through a float32 round trip."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from actors.engine import PublishedWeights
+    from models.weights import PublishedWeights
 
     model = Qwen3ForCausalLM(Qwen3Config(**config_dict)).to(torch.bfloat16)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
     from cluster.local import init_local_ray
-    from learner.models import ModelConfig, resolve_model_dir
+    from models.loading import ModelConfig, resolve_model_dir
 
     init_local_ray(num_cpus=2)
     try:

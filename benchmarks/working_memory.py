@@ -36,7 +36,7 @@ def main() -> None:
     from envs.registry import make_env
     from jobs.config import load_config
     from jobs.train import JobConfig
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     torch.set_num_threads(args.threads)
     full, memory = load_config(JobConfig, args.full), load_config(JobConfig, args.memory)

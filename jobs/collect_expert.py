@@ -27,7 +27,7 @@ from actors.agent_loop import LoopConfig
 from actors.engine import SamplingConfig
 from envs.registry import EnvSection, default_env_config
 from jobs.config import config_from_cli
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 
 
 class CollectExpertConfig(BaseModel):
@@ -102,7 +102,7 @@ def collect_from_model(config: CollectExpertConfig, on_task=None) -> list[dict]:
     from actors.agent_loop import EpisodeRunner, EpisodeTask, ModelPolicy
     from actors.rollout_worker import RolloutConfig, build_engine
     from envs.registry import make_env
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(config.model)

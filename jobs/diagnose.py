@@ -37,7 +37,7 @@ def student_trajectories(config, num_episodes: int) -> list[Trajectory]:
     from actors.agent_loop import EpisodeTask, ModelPolicy, run_episodes
     from actors.rollout_worker import build_engine
     from envs.registry import make_env
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     rollout = config.rollout
     tokenizer = load_tokenizer(config.model)
@@ -101,7 +101,7 @@ def run_continuation(config, trajectories: list[Trajectory], fractions: list[flo
     from actors.rollout_worker import build_engine
     from envs.parser import ToolCallParser
     from envs.registry import make_env
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     check_writing_teacher(config)
     tokenizer = load_tokenizer(config.teacher.model)

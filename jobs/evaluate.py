@@ -24,7 +24,7 @@ from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
 from envs.registry import EnvSection, default_env_config, make_env
 from jobs.config import config_from_cli
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 
 
 class EvaluateConfig(BaseModel):
@@ -126,7 +126,7 @@ def build_policy(config: EvaluateConfig):
         return RandomPolicy()
     from actors.agent_loop import ModelPolicy
     from actors.rollout_worker import RolloutConfig, build_engine
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(config.model)
     rollout = RolloutConfig(engine=config.engine, num_threads=config.num_threads)

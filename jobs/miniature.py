@@ -22,7 +22,7 @@ multi-node cluster of the tests, where each actor still finds no CUDA and runs o
 gloo). Values given on the command line win over the miniature's.
 
 A remote teacher stays remote: its server must be reachable (benchmarks/miniatures.py serves
-the tiny teacher with `cluster.vllm_server` and points `teacher.remote.url` at it).
+the tiny teacher with `models.vllm_server` and points `teacher.remote.url` at it).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from jobs.config import ConfigError, dump_config, load_config
 from jobs.warm_start import WarmStartConfig
 from judge.service import JudgeConfig
 from learner.algorithms import ALGORITHMS
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from learner.trainer import LearnerConfig
 from teacher.registry import teacher_backend
 from teacher.routing import TeacherRoute, check_routes
@@ -224,7 +224,7 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
     import socket
 
     from envs.privileged import PrivilegedContext
-    from learner.models import fetch_model, load_tokenizer, resolve_model_dir
+    from models.loading import fetch_model, load_tokenizer, resolve_model_dir
 
     def check(name: str, body: Callable[[], Any]) -> Any:
         return body() if dry is None else dry.run(name, body)
@@ -307,7 +307,7 @@ def _check_teacher_reach(config: JobConfig, teacher: TeacherConfig, student) -> 
 
 
 def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
-    from learner.models import load_tokenizer, resolve_model_dir
+    from models.loading import load_tokenizer, resolve_model_dir
     from teacher.privileged import check_built_teacher
 
     load_tokenizer(teacher.model)
@@ -317,7 +317,7 @@ def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
 def _teacher_success_known(config: JobConfig) -> float:
     """Preflight's stand-in for jobs.training.teacher_success: ValueError when the run could not
     measure the teacher's eval success (SR_T); 1.0 otherwise (nothing is measured here)."""
-    from learner.models import resolve_model_dir
+    from models.loading import resolve_model_dir
     from teacher.privileged import read_teacher_manifest
 
     teacher = config.teacher

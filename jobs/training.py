@@ -41,7 +41,7 @@ def teacher_success(config) -> float:
     from actors.agent_loop import EpisodeTask, run_episodes
     from actors.expert import ExpertPolicy
     from envs.registry import make_env
-    from learner.models import resolve_model_dir
+    from models.loading import resolve_model_dir
     from teacher.privileged import read_teacher_manifest
     from teacher.registry import teacher_backend
 
@@ -285,7 +285,7 @@ class TrainingRun:
 
         from buffer.actor import SampleBatch, encode_trajectories
         from jobs.warm_start import demonstrations, epoch_batches, num_steps
-        from learner.models import load_tokenizer
+        from models.loading import load_tokenizer
 
         ws = self.config.warm_start
         start = time.perf_counter()

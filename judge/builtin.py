@@ -19,7 +19,7 @@ def _oracle(config, model, env):
 
 def _http(config, model, env):
     from judge.http import HttpJudge
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     return HttpJudge(config.http, load_tokenizer(model))
 

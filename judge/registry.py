@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from envs.registry import EnvConfig
     from judge.service import JudgeBackend, JudgeConfig
-    from learner.models import ModelConfig
+    from models.loading import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.contracts import Trajectory
-from cluster.vllm_server import ServerConfig
+from models.vllm_server import ServerConfig
 from envs.registry import EnvConfig
 from judge.http import HttpJudgeConfig
 from judge.registry import JudgeBackendEntry, judge_backend
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 
 
 class JudgeConfig(BaseModel):
@@ -163,7 +163,7 @@ class _ServiceActor(JudgeService):
     def __init__(self, config: JudgeConfig, model: ModelConfig, env: EnvConfig, name: str,
                  entry: JudgeBackendEntry) -> None:
         if config.serve is not None:
-            from cluster.vllm_server import VLLMServer
+            from models.vllm_server import VLLMServer
 
             # The server dies with this actor (its parent-death signal): a restarted judge starts its own.
             self.server = VLLMServer(config.serve).wait_ready()

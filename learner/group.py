@@ -17,7 +17,7 @@ from buffer.actor import SampleBatch, fetch_samples
 from buffer.contracts import table_to_samples
 from buffer.expansion import to_sequences
 from learner.algorithms import AlgorithmConfig
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from learner.trainer import LearnerConfig, Trainer
 
 
@@ -137,7 +137,7 @@ class LearnerRank:
         and return None."""
         import ray
 
-        from actors.engine import PublishedWeights
+        from models.weights import PublishedWeights
 
         state = self.trainer.full_state_dict()
         if self.trainer.rank != 0:
@@ -157,7 +157,7 @@ class LearnerRank:
         return self.trainer.load_checkpoint(directory)
 
     def export_hf(self, directory: str) -> str | None:
-        from learner.models import load_tokenizer
+        from models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(self.trainer.model_config) if self.trainer.rank == 0 else None
         out = self.trainer.export_hf(directory, tokenizer)

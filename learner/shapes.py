@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from learner.tiny import PRESETS, TinyPreset
+from models.tiny import PRESETS, TinyPreset
 
 
 @dataclass(frozen=True)

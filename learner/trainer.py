@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from buffer.expansion import TrainSequence
 from cluster.files import fsync_path, fsync_tree
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
-from learner.models import ModelConfig, load_model
+from models.loading import ModelConfig, load_model
 
 
 def check_checkpoint(directory: str | Path) -> dict[str, Any]:

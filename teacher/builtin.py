@@ -32,7 +32,7 @@ def _model_teacher(config, ctx: BuildContext, backend, teacher_tokenizer):
 
 
 def _teacher_tokenizer(config, ctx: BuildContext):
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
     from teacher.service import check_same_tokenizer
 
     tokenizer = load_tokenizer(config.model)
@@ -41,7 +41,7 @@ def _teacher_tokenizer(config, ctx: BuildContext):
 
 
 def _hf(config, ctx: BuildContext):
-    from learner.models import load_model
+    from models.loading import load_model
     from teacher.backends import HFTeacherBackend
 
     tokenizer = _teacher_tokenizer(config, ctx)
@@ -51,7 +51,7 @@ def _hf(config, ctx: BuildContext):
 
 def _vllm(config, ctx: BuildContext):
     from actors.vllm_engine import VLLMEngine
-    from learner.models import resolve_model_dir
+    from models.loading import resolve_model_dir
     from teacher.backends import VLLMTeacherBackend
 
     tokenizer = _teacher_tokenizer(config, ctx)

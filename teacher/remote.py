@@ -76,7 +76,7 @@ def check_server(config: RemoteConfig, student_tokenizer) -> tuple[str, int]:
         models = _get_json(f"{config.url.rstrip('/')}/models", None, config)["data"]
     except OSError as exc:
         raise ValueError(f"teacher.remote.url {config.url}: the server does not answer ({exc}); start it "
-                         f"(python -m cluster.vllm_server) or fix the URL") from exc
+                         f"(python -m models.vllm_server) or fix the URL") from exc
     names = [m["id"] for m in models]
     if config.served_model is None and len(names) != 1:
         raise ValueError(f"the server at {config.url} serves {names}: set teacher.remote.served_model")

@@ -25,7 +25,7 @@ from buffer.contracts import Trajectory
 from envs.privileged import PrivilegedConfig
 from envs.prompt import PromptConfig
 from envs.registry import EnvConfig
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
 from teacher.oracle import OracleConfig
 from teacher.privileged import TeacherPromptBuilder
@@ -145,7 +145,7 @@ def build_scorer(config: TeacherConfig, student_model: ModelConfig, env_config: 
     oracle replays its tasks, privileged context shows its system prompt and tools) and the
     rollout's `prompt` config."""
     from envs.registry import make_env
-    from learner.models import load_tokenizer
+    from models.loading import load_tokenizer
 
     entry = entry or teacher_backend(config.backend)
     return entry.build(config, BuildContext(load_tokenizer(student_model), make_env(env_config), prompt))

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from cluster.vllm_server import ServerConfig, VLLMServer
-from learner.models import ModelConfig, load_tokenizer
+from models.vllm_server import ServerConfig, VLLMServer
+from models.loading import ModelConfig, load_tokenizer
 from teacher.backends import ScoreRequest
 from teacher.remote import RemoteConfig, RemoteTeacherBackend, RemoteTeacherError
 from cluster.local import free_port

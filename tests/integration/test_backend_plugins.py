@@ -15,7 +15,7 @@ from envs.registry import make_env
 from judge.registry import JudgeBackendEntry, register_judge_backend
 from judge.service import JudgeConfig, create_judge_service
 from learner.algorithms import AlgorithmConfig
-from learner.models import load_tokenizer
+from models.loading import load_tokenizer
 from teacher.backends import TokenScores
 from teacher.registry import TeacherBackendEntry, register_teacher_backend
 from teacher.service import TeacherConfig, create_teacher_service

@@ -5,12 +5,12 @@ import signal
 
 import pytest
 
-from actors.engine import weights_as_tensors
+from models.weights import weights_as_tensors
 from buffer.actor import BufferConfig, create_buffer_actor, encode_trajectories
 from buffer.contracts import Trajectory, Turn
 from learner.algorithms import AlgorithmConfig
 from learner.group import LearnerGroup, LearnerHung
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from learner.trainer import LearnerConfig
 
 NANO = ModelConfig(path="tiny:nano")

@@ -54,7 +54,7 @@ def test_env_and_tiny_model_inside_actors(ray_session, model_cache):
             os.environ["APPRENTICE_CACHE"] = cache
 
         def model(self, seed):
-            from learner.models import ModelConfig, resolve_model_dir
+            from models.loading import ModelConfig, resolve_model_dir
 
             directory = resolve_model_dir(ModelConfig(path="tiny:nano", seed=seed))
             return str(directory), (directory / "model.safetensors").read_bytes()

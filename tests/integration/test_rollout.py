@@ -15,7 +15,7 @@ from buffer.actor import BufferConfig, create_buffer_actor, fetch_samples
 from buffer.contracts import table_to_samples
 from envs.babyai_text import BabyAITextConfig
 from learner.algorithms import AlgorithmConfig
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from teacher.service import TeacherConfig, create_teacher_service
 
 NANO = ModelConfig(path="tiny:nano")
@@ -119,7 +119,7 @@ def test_group_end_hook_sets_grpo_advantages(ray_session):
 def test_weight_updates_reach_workers_between_rounds(ray_session):
     import ray
 
-    from learner.models import load_model
+    from models.loading import load_model
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     pool = RolloutPool(1, rollout_config(), NANO, buffer, num_cpus=0.5)
@@ -179,7 +179,7 @@ def test_segments_deliver_running_episodes_turns_once_across_a_killed_worker(ray
     still-running group is stored, and its re-run stores only the turns not stored before."""
     import ray
 
-    from learner.models import load_model
+    from models.loading import load_model
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
@@ -314,7 +314,7 @@ def test_driver_calls_survive_a_worker_hung_while_weights_are_published_and_one_
 
     import ray
 
-    from learner.models import load_model
+    from models.loading import load_model
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
     pool = RolloutPool(2, rollout_config(call_timeout_s=10.0), NANO, buffer, num_cpus=0.25, max_restarts=3)

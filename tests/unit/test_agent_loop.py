@@ -16,7 +16,7 @@ from envs.parser import format_tool_call
 from envs.protocol import ToolCall
 from envs.prompt import PromptConfig
 from envs.rewards import RewardConfig
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 
 
 class Scripted:

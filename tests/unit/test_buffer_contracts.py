@@ -23,7 +23,7 @@ from buffer.expansion import can_pack, expand, pack, sample_sequence, to_sequenc
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-50, max_value=0)
 tokens = st.lists(st.integers(0, 2**31 - 1), max_size=6).map(tuple)

@@ -15,7 +15,7 @@ from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
 from jobs.collect_expert import CollectExpertConfig, collect, write
 from learner.curriculum import TCODConfig, TCODCurriculum, horizon, plan_episode
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 
 NANO = ModelConfig(path="tiny:nano")
 STARTER = BabyAITextConfig(room_size=6, num_distractors=0, task_types=("go_to", "pick_up"))

@@ -13,7 +13,7 @@ from actors.engine import SamplingConfig
 from actors.hf_engine import HFEngine
 from buffer.expansion import TrainSequence
 from learner.algorithms import AlgorithmConfig
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 from learner.shapes import random_model
 from learner.trainer import LearnerConfig, Trainer
 

@@ -18,7 +18,7 @@ from envs.protocol import ToolCall
 from judge.http import HttpJudge, HttpJudgeConfig, JudgeAuthError, JudgeRequestError, judge_messages, parse_score
 from judge.oracle import OracleJudge
 from judge.service import JudgeConfig, JudgeService, judged_reward
-from learner.models import ModelConfig, load_tokenizer
+from models.loading import ModelConfig, load_tokenizer
 from tests.json_http import JsonHandler
 
 

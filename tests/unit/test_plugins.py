@@ -20,7 +20,7 @@ from jobs.config import ConfigError, load_config
 from learner.algorithms import (ALGORITHMS, Algorithm, AlgorithmConfig, LossOutput, StageContext, _aggregate,
                                 register_algorithm)
 from cluster.local import free_port
-from learner.models import ModelConfig, load_tokenizer
+from models.loading import ModelConfig, load_tokenizer
 from learner.trainer import LearnerConfig, Trainer
 
 NANO = ModelConfig(path="tiny:nano")

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import ToolCallParser, format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
-from learner.models import ModelConfig, load_tokenizer
+from models.loading import ModelConfig, load_tokenizer
 
 
 def expert_history(env, seed, num_turns, bad_turns=()):

@@ -8,7 +8,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from learner.models import ModelConfig, load_tokenizer
+from models.loading import ModelConfig, load_tokenizer
 from teacher.backends import ScoreRequest
 from teacher.remote import PROBE, RemoteConfig, RemoteTeacherBackend, RemoteTeacherError, check_server
 from tests.json_http import JsonHandler

@@ -19,7 +19,7 @@ from envs.parser import format_tool_call
 from envs.privileged import PrivilegedConfig, PrivilegedContext, Skill, load_skill_bank
 from envs.prompt import PromptConfig
 from envs.protocol import ToolCall
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 from teacher.backends import HFTeacherBackend, ScoreRequest, TokenScores
 from teacher.oracle import ExpertOracleTeacher, OracleConfig
 from teacher.privileged import TeacherPromptBuilder

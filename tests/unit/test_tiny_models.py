@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import ToolCallParser
-from learner.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
-from learner.tiny import MARKUP_TOKENS, SPECIAL_TOKENS, tiny_model_dir
+from models.loading import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from models.tiny import MARKUP_TOKENS, SPECIAL_TOKENS, tiny_model_dir
 
 MESSAGES = [
     {"role": "system", "content": "Rules."},
@@ -151,7 +151,7 @@ def test_a_hub_name_resolves_through_the_hugging_face_cache(tmp_path, nano, monk
 
     import huggingface_hub.constants
 
-    from learner.models import fetch_model
+    from models.loading import fetch_model
 
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-Nano" / "snapshots" / "0123abcd"
     shutil.copytree(resolve_model_dir(nano), snapshot)

@@ -17,7 +17,7 @@ from envs.prompt import PromptConfig
 from learner.algorithms import AlgorithmConfig
 from cluster.local import free_port
 from learner.group import shard_by_episode
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 from learner.trainer import (LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches,
                              response_tail, token_logprobs)
 
@@ -270,7 +270,7 @@ def test_a_bf16_policy_keeps_fp32_masters_so_a_1e6_update_is_not_rounded_away(tr
 def test_bf16_weights_publish_as_their_own_bytes_and_load_back_equal(trajectories):
     import pickle
 
-    from actors.engine import PublishedWeights, weights_as_tensors
+    from models.weights import PublishedWeights, weights_as_tensors
 
     trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3), NANO_BF16)
     trainer.train_step(sequences(trajectories))

@@ -5,7 +5,7 @@ import torch
 
 from actors.engine import SamplingConfig
 from actors.hf_engine import HFEngine
-from learner.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from models.loading import ModelConfig, load_model, load_tokenizer, resolve_model_dir
 from teacher.backends import HFTeacherBackend, ScoreRequest, VLLMTeacherBackend
 
 pytestmark = pytest.mark.vllm
@@ -79,7 +79,7 @@ def test_prompt_logprob_scoring_matches_hf(engine, tok):
 
 def test_published_numpy_weights_load_into_vllm(engine, tok):
     """The learner publishes numpy arrays (zero-copy from the object store): the engine takes them as they come."""
-    from actors.engine import weights_as_tensors
+    from models.weights import weights_as_tensors
 
     trained = load_model(ModelConfig(path="tiny:nano", seed=9))
     published = {k: v.detach().numpy() for k, v in trained.state_dict().items()}

@@ -6,7 +6,7 @@ from buffer.expansion import expand, to_sequences
 from envs.babyai_text import BabyAITextConfig
 from envs.prompt import PromptConfig
 from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps
-from learner.models import ModelConfig, load_tokenizer
+from models.loading import ModelConfig, load_tokenizer
 
 
 def test_demonstrations_are_successful_packable_bot_episodes():

