@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.rollout_worker import RolloutConfig, RolloutWorker
+from actors.rollout_worker import RolloutConfig, RolloutWorker, WorkerSpec
+from actors.routing import DEFAULT_ROUTE
 from models.loading import ModelConfig
 
 EXTRA_WORKER_SEEDS = 100_000_000
@@ -57,7 +58,7 @@ class RolloutPool:
                  algorithm=None, teacher_active: bool = True, named: bool = False,
                  routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None,
                  env_placement: tuple[float, list] | None = None) -> None:
-        """`env`, `algorithm`, `teacher_active` and `judge`: see `RolloutWorker`; `named`: worker i is
+        """`env`, `algorithm`, `teacher_active` and `judge`: see `WorkerSpec`; `named`: worker i is
         the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
         environment actor, the plan's strategies for them: `RolloutConfig.num_env_actors` per
         worker, in worker order). Workers added later (a stopped teacher's bundles) run theirs
@@ -108,9 +109,10 @@ class RolloutPool:
             options["scheduling_strategy"] = strategy
         config, model, buffer = self._shared
         routed, routes = self._routed if teacher_active else ({}, ())
-        return self._actor.options(**options).remote(index, stream, config, model, buffer, teacher,
-                                                     self._env, self._algorithm, teacher_active, routed, routes,
-                                                     self._judge, env_placement)
+        teachers = {**({DEFAULT_ROUTE: teacher} if teacher is not None else {}), **routed}
+        return self._actor.options(**options).remote(WorkerSpec(
+            index, stream, config, model, buffer, self._env, self._algorithm, teachers, routes, teacher_active,
+            self._judge, env_placement))
 
     def add_workers(self, count: int, num_cpus: float, num_gpus: float, placement: list[Any] | None = None) -> None:
         """Start `count` more workers (into the bundles a stopped teacher left), without its scoring stage,

@@ -31,6 +31,7 @@ import functools
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +45,7 @@ from buffer.core import GroupLease
 from envs.registry import EnvConfig, default_env_config, make_env
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from models.loading import ModelConfig
-from actors.routing import DEFAULT_ROUTE, merge_routed, split_by_route
+from actors.routing import merge_routed, split_by_route
 
 
 class RolloutConfig(BaseModel):
@@ -128,33 +129,51 @@ def build_engine(config: RolloutConfig, model: ModelConfig, tokenizer, seed_offs
     return HFEngine(load_model(model, device=device), tokenizer.pad_token_id, stops, seed_offset=seed_offset)
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one rollout worker is built from (`actors.pool` makes one per worker)."""
+
+    index: int
+    stream: tuple[int, int, int]
+    """(first, stride, offset): group i runs task seed first + i*stride + offset."""
+    config: RolloutConfig
+    model: ModelConfig
+    buffer: Any
+    """The replay buffer actor."""
+    env: EnvConfig | None = None
+    """The job's environment (None: the default environment)."""
+    algorithm: AlgorithmConfig | None = None
+    """Whose group-end stages run on each finished group (None: groups go to the buffer as played)."""
+    teachers: dict[str, Any] = field(default_factory=dict)
+    """Teacher services by route name: DEFAULT_ROUTE the default teacher, the others those that
+    `routes` send trajectories to (actors/routing.py)."""
+    routes: tuple = ()
+    teacher_active: bool = True
+    """False once the algorithm's schedule stopped the teacher: its scoring stage is left out."""
+    judge: Any = None
+    """The job's judge service (judge/service.py)."""
+    env_placement: tuple[float, list] | None = None
+    """(CPUs of each environment actor, a scheduling strategy for each of the
+    `config.num_env_actors`: the rollout set's, then the evaluation set's); None: unreserved, 0 CPUs."""
+
+
 class RolloutWorker:
     """Async actor body; the pool starts it with `ray.remote(RolloutWorker)`."""
 
-    def __init__(self, worker_index: int, stream: tuple[int, int, int], config: RolloutConfig, model: ModelConfig,
-                 buffer, teacher=None, env: EnvConfig | None = None, algorithm: AlgorithmConfig | None = None,
-                 teacher_active: bool = True, routed_teachers: dict[str, Any] | None = None,
-                 routes: tuple = (), judge=None, env_placement: tuple[float, list] | None = None) -> None:
-        """`stream` = (first, stride, offset): group i runs task seed first + i*stride + offset;
-        `env`: the job's environment (default: the default environment); `algorithm`: whose
-        group-end stages run on each finished group (None: groups go to the buffer as played);
-        `teacher_active`: False once the algorithm's schedule stopped the teacher: its scoring stage is left out;
-        `routed_teachers` and `routes`: trajectories a route matches go to that teacher instead
-        of `teacher` (teacher.routing); `judge`: the job's judge service (judge/service.py);
-        `env_placement`: (CPUs of each environment actor, a scheduling strategy for each of the
-        `config.num_env_actors`: the rollout set's, then the evaluation set's), None: unreserved, 0 CPUs."""
+    def __init__(self, spec: WorkerSpec) -> None:
         from cluster.metrics import ActorMetrics
         from models.loading import load_tokenizer
 
+        config, algorithm, worker_index = spec.config, spec.algorithm, spec.index
         if config.num_envs < config.group_size:
             raise ValueError(f"num_envs ({config.num_envs}) must hold at least one group ({config.group_size})")
-        self.index, self.stream = worker_index, stream
+        self.index, self.stream = worker_index, spec.stream
         self.owner = f"worker-{worker_index}"
         self.config = config
-        self.buffer = buffer
-        self.teachers = {**({DEFAULT_ROUTE: teacher} if teacher is not None else {}), **(routed_teachers or {})}
-        self.routes = tuple(routes)
-        self.env_config = env or default_env_config()
+        self.buffer = spec.buffer
+        self.teachers = dict(spec.teachers)
+        self.routes = spec.routes
+        self.env_config = spec.env or default_env_config()
         self._teacher_calls = 0
         self._service_kills: dict[str, int] = {}
         """Times this worker killed each teacher service (or the judge) as hung (`_ask`)."""
@@ -162,27 +181,27 @@ class RolloutWorker:
         self.segment_stages = []
         self.curriculum = None
         if algorithm is not None:
-            context = StageContext(worker_index, self._score if self.teachers else None,
-                                   None if judge is None else functools.partial(self._ask, "the judge", judge, "judge"))
+            judge = None if spec.judge is None else functools.partial(self._ask, "the judge", spec.judge, "judge")
+            context = StageContext(worker_index, self._score if self.teachers else None, judge)
 
             def build(factories):
                 return [(f.__name__, f(algorithm, context)) for f in factories
-                        if teacher_active or f is not teacher_scores]
+                        if spec.teacher_active or f is not teacher_scores]
 
             self.stages = build(ALGORITHMS[algorithm.name].group_stages(algorithm))
             if config.segments:
                 self.segment_stages = build(ALGORITHMS[algorithm.name].segment_stage_factories(algorithm))
             if ALGORITHMS[algorithm.name].curriculum is not None:
                 self.curriculum = ALGORITHMS[algorithm.name].curriculum(algorithm)
-        self.tokenizer = load_tokenizer(model)
-        self.engine = build_engine(config, model, self.tokenizer, seed_offset=worker_index)
+        self.tokenizer = load_tokenizer(spec.model)
+        self.engine = build_engine(config, spec.model, self.tokenizer, seed_offset=worker_index)
         self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
         self._engine_lock = asyncio.Lock()
         self._pending_weights: tuple[Any, int] | None = None
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
         self._env_sets: dict[str, list] = {}
-        self._env_placement = env_placement or (0.0, ["DEFAULT"] * config.num_env_actors)
+        self._env_placement = spec.env_placement or (0.0, ["DEFAULT"] * config.num_env_actors)
         self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
@@ -351,7 +370,6 @@ class RolloutWorker:
         # (its final put waits for them: the buffer refuses anything after a group's final put).
         delivered: dict[str, int] = {}
         segments: dict[str, list[asyncio.Task]] = defaultdict(list)
-        loop = asyncio.get_running_loop()
         G = self.config.group_size
         while not self._stop:
             for task in [t for t in deliveries if t.done()]:
@@ -375,16 +393,7 @@ class RolloutWorker:
             if not runner.num_active:
                 await asyncio.sleep(self.config.admission_backoff_s)
                 continue
-            # After admission: weights published while it was asked are in place before the
-            # admitted episodes' first round (the driver publishes before it moves the buffer's version).
-            await self._apply_weights()
-            async with self._engine_lock:
-                start = time.perf_counter()
-                finished = await loop.run_in_executor(None, runner.step, self.policy)
-                self._stats["generate_s"] += time.perf_counter() - start
-            self._stats["num_env_restarts"] += runner.num_env_restarts
-            runner.num_env_restarts = 0
-            for group_id, result in finished:
+            for group_id, result in await self._generate_round(runner):
                 groups[group_id].append(result)
                 self._record(result)
                 if len(groups[group_id]) == G:
@@ -396,6 +405,19 @@ class RolloutWorker:
                     segments[group_id].append(task)
                     deliveries.add(task)
         await asyncio.gather(*deliveries)
+
+    async def _generate_round(self, runner: EpisodeRunner) -> list[tuple[str, EpisodeResult]]:
+        """One generation round of every running episode: the episodes it finished, by group id."""
+        # After admission: weights published while it was asked are in place before the
+        # admitted episodes' first round (the driver publishes before it moves the buffer's version).
+        await self._apply_weights()
+        async with self._engine_lock:
+            start = time.perf_counter()
+            finished = await asyncio.get_running_loop().run_in_executor(None, runner.step, self.policy)
+            self._stats["generate_s"] += time.perf_counter() - start
+        self._stats["num_env_restarts"] += runner.num_env_restarts
+        runner.num_env_restarts = 0
+        return finished
 
     def _deliver_segments(self, runner: EpisodeRunner, delivered: dict[str, int]) -> list[tuple[str, asyncio.Task]]:
         """Start the segment deliveries due: running episodes whose oldest undelivered turn is

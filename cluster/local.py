@@ -39,8 +39,9 @@ def configure_loopback() -> None:
 
 
 def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_port: int = 8265,
-                   namespace: str | None = None):
-    """Start an embedded Ray node bound to 127.0.0.1; returns ray.init's context."""
+                   namespace: str | None = None, runtime_env: dict | None = None):
+    """Start an embedded Ray node bound to 127.0.0.1; returns ray.init's context. `runtime_env`:
+    the job's own entries (its env_vars join the loopback ones)."""
     if num_cpus < 1:
         raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
     configure_loopback()
@@ -55,7 +56,8 @@ def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_por
         include_dashboard=include_dashboard,
         dashboard_host=LOOPBACK_IP,
         dashboard_port=dashboard_port,
-        runtime_env={"env_vars": {**LOOPBACK_ENV, **WORKER_ENV}},
+        runtime_env={**(runtime_env or {}),
+                     "env_vars": {**LOOPBACK_ENV, **WORKER_ENV, **(runtime_env or {}).get("env_vars", {})}},
     )
     node_ip = context.address_info["node_ip_address"]
     if node_ip != LOOPBACK_IP:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from actors.rollout_worker import RolloutConfig
 from buffer.actor import BufferConfig
 from cluster.plan import ResourcePlan
+from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
 from jobs.warm_start import WarmStartConfig
@@ -224,35 +225,12 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
     import socket
 
     from envs.privileged import PrivilegedContext
-    from models.loading import fetch_model, load_tokenizer, resolve_model_dir
 
     def check(name: str, body: Callable[[], Any]) -> Any:
         return body() if dry is None else dry.run(name, body)
 
-    unavailable: set[str] = set()
-    # Hub names are downloaded here, once, before any actor reads them from the cache.
-    for model in [config.model] + [t.model for t in config.teachers if teacher_backend(t.backend).loads_model] + \
-            ([config.judge.serve.model] if config.judge is not None and config.judge.serve is not None else []):
-        if dry is None:
-            fetch_model(model)
-        elif model.path not in unavailable and check(f"model {model.path}", lambda: resolve_model_dir(model)) is None:
-            unavailable.add(model.path)
-    student = None
-    if config.model.path not in unavailable:
-        student = check("model.path tokenizer", lambda: load_tokenizer(config.model))
-    for i, teacher in enumerate(config.teachers):
-        where = "teacher" if config.teacher is not None and i == 0 else "teacher_routes teacher"
-        entry = teacher_backend(teacher.backend)
-        if entry.check is not None:
-            if student is None:
-                dry.not_run.append(f"{where} ({teacher.backend}): needs the student's tokenizer")
-            else:
-                check(f"{where} ({teacher.backend})", lambda: _check_teacher_reach(config, teacher, student))
-        if entry.loads_model:
-            if teacher.model.path in unavailable:
-                dry.not_run.append(f"{where} {teacher.model.path}: its model is not available")
-            else:
-                check(f"{where} {teacher.model.path}", lambda: _check_model_teacher(config, teacher))
+    unavailable, student = _check_models(config, check, dry)
+    _check_teachers(config, check, dry, unavailable, student)
     for where, privileged in [("rollout.loop.privileged", config.rollout.loop.privileged)] + \
             [("teacher.privileged", t.privileged) for t in config.teachers]:
         if privileged.enabled:  # the skill bank loads, the environment has a map if one is asked for
@@ -291,6 +269,42 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
                                      f"free ({exc.strerror}); choose another or set run.metrics_port=null") from exc
 
         check("run.metrics_port", port_free)
+
+
+def _check_models(config: JobConfig, check: Callable, dry: Checks | None) -> tuple[set[str], Any]:
+    """Hub names are downloaded here, once, before any actor reads them from the cache (not in a
+    dry run: there a model missing from the cache is unavailable). Returns (the paths of the
+    models unavailable, the student's tokenizer or None)."""
+    from models.loading import fetch_model, load_tokenizer, resolve_model_dir
+
+    unavailable: set[str] = set()
+    for model in [config.model] + [t.model for t in config.teachers if teacher_backend(t.backend).loads_model] + \
+            ([config.judge.serve.model] if config.judge is not None and config.judge.serve is not None else []):
+        if dry is None:
+            fetch_model(model)
+        elif model.path not in unavailable and check(f"model {model.path}", lambda: resolve_model_dir(model)) is None:
+            unavailable.add(model.path)
+    student = None
+    if config.model.path not in unavailable:
+        student = check("model.path tokenizer", lambda: load_tokenizer(config.model))
+    return unavailable, student
+
+
+def _check_teachers(config: JobConfig, check: Callable, dry: Checks | None, unavailable: set[str], student) -> None:
+    """What each teacher backend reaches answers; a model teacher's tokenizer and built manifest."""
+    for i, teacher in enumerate(config.teachers):
+        where = "teacher" if config.teacher is not None and i == 0 else "teacher_routes teacher"
+        entry = teacher_backend(teacher.backend)
+        if entry.check is not None:
+            if student is None:
+                dry.not_run.append(f"{where} ({teacher.backend}): needs the student's tokenizer")
+            else:
+                check(f"{where} ({teacher.backend})", lambda: _check_teacher_reach(config, teacher, student))
+        if entry.loads_model:
+            if teacher.model.path in unavailable:
+                dry.not_run.append(f"{where} {teacher.model.path}: its model is not available")
+            else:
+                check(f"{where} {teacher.model.path}", lambda: _check_model_teacher(config, teacher))
 
 
 def _raise(message: str) -> None:
@@ -473,19 +487,23 @@ def dry_run(config: JobConfig, resume: bool, allow_change: tuple[str, ...]) -> i
     return 2 if checks.failed else 0
 
 
-def connect(config: ClusterConfig, namespace: str):
+def connect(config: ClusterConfig, namespace: str, plugins: tuple[str, ...] = ()):
     """Join the configured cluster (or start an embedded node) in `namespace`, where the run's
     named actors live (`ray.get_actor("worker-0", namespace=...)`). Only the embedded node gets
     the loopback settings (cluster.local.LOOPBACK_ENV, Ray's auth turned off among them); a
-    cluster is joined with the environment as the user set it."""
+    cluster is joined with the environment as the user set it. `plugins`: modules every worker
+    process imports first (cluster/plugins.py)."""
+    from cluster.plugins import plugins_runtime_env
+
+    runtime_env = plugins_runtime_env(plugins)
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
         import ray
 
-        return ray.init(address=address, namespace=namespace)
+        return ray.init(address=address, namespace=namespace, **({"runtime_env": runtime_env} if plugins else {}))
     from cluster.local import init_local_ray
 
-    return init_local_ray(num_cpus=config.num_cpus, namespace=namespace)
+    return init_local_ray(num_cpus=config.num_cpus, namespace=namespace, runtime_env=runtime_env)
 
 
 def run_namespace(run: RunConfig) -> str:
@@ -511,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                              "plan, dtypes and code path, GPUs turned into CPU shares")
     parser.add_argument("--keep-gpus", action="store_true",
                         help="with --miniature: keep the plan's GPUs as Ray resources (a cluster that declares them)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="a module of yours that registers an environment, algorithm or backend: imported here "
+                             "before the config is validated and in every worker process of the job (repeatable)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     args = parser.parse_args(argv)
     config_path = args.config
@@ -530,8 +551,9 @@ def main(argv: list[str] | None = None) -> int:
 
         transform = partial(miniature, gpus="gpus" if args.keep_gpus else "cpu")
     try:
+        import_plugins(tuple(args.plugin))
         config = load_config(JobConfig, config_path, args.overrides, transform)
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
     if args.resume:
@@ -539,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     allow_change = tuple(key for key in args.allow_change.split(",") if key)
     if args.dry_run:
         return dry_run(config, bool(args.resume), allow_change)
-    return run_job(config, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow_change)
+    return run_job(config, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow_change,
+                   plugins=tuple(args.plugin))
 
 
 class StopSignals:
@@ -571,14 +594,29 @@ class StopSignals:
 
 
 def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None,
-            allow_change: tuple[str, ...] = (), overwrite: bool = False) -> int:
+            allow_change: tuple[str, ...] = (), overwrite: bool = False, plugins: tuple[str, ...] = ()) -> int:
     """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
     stopped on a failure it names). `finish` runs on the trained run before its actors stop
-    (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir."""
+    (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir;
+    `plugins`: modules the driver imported, which every worker process imports too."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from jobs.training import NonFiniteTraining, RunStalled, TrainingRun
-    from learner.group import LearnerHung
+    status = _join_cluster(config, resume, allow_change, overwrite, plugins)
+    if status is not None:
+        return status
+    stop = StopSignals(config.run.stop_timeout_s)
+    limit = config.run.max_wall_s
+    deadline = None if limit is None else time.monotonic() + limit
 
+    def should_stop() -> bool:
+        return stop.requested or (deadline is not None and time.monotonic() > deadline)
+
+    return _train(config, resume, finish, should_stop)
+
+
+def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...], overwrite: bool,
+                  plugins: tuple[str, ...]) -> int | None:
+    """Every check before any actor starts, then the cluster joined; an exit status when the job
+    cannot start (2, with the reason on stderr), else None."""
     try:  # before any actor starts
         changes = check_run_dir(config, resume, allow_change, overwrite)
         preflight(config)
@@ -586,7 +624,7 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         print(exc, file=sys.stderr)
         return 2
     namespace = run_namespace(config.run)
-    connect(config.cluster, namespace)
+    connect(config.cluster, namespace, plugins)
     import ray
 
     if ray.util.list_named_actors():  # this namespace's, alive
@@ -605,12 +643,17 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
     print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
     print(config.cluster.plan.describe(), flush=True)
-    stop = StopSignals(config.run.stop_timeout_s)
-    limit = config.run.max_wall_s
-    deadline = None if limit is None else time.monotonic() + limit
+    return None
 
-    def should_stop() -> bool:
-        return stop.requested or (deadline is not None and time.monotonic() > deadline)
+
+def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
+           should_stop: Callable[[], bool]) -> int:
+    """The run, rebuilt from its newest checkpoint after each failure it can recover from, up to
+    run.max_failures times; the exit status."""
+    import ray
+
+    from jobs.training import NonFiniteTraining, RunStalled, TrainingRun
+    from learner.group import LearnerHung
 
     recoveries, faults = 0, {}
     while True:

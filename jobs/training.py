@@ -8,7 +8,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -112,15 +112,11 @@ class TrainingRun:
                  ) -> None:
         """`recoveries`: how many times the job rebuilt its actors before this one (jobs.train.run_job);
         `faults`: the FAULT_TOTALS the run it replaces had reached (`fault_totals`)."""
-        import ray
-
-        from actors.pool import RolloutPool
         from buffer.actor import create_buffer_actor
         from cluster.metrics import MetricsExporter
         from cluster.plan import reserve
         from learner.algorithms import ALGORITHMS
         from learner.group import LearnerGroup
-        from teacher.service import create_teacher_service
 
         self.config = config
         self.dir = Path(config.run.dir)
@@ -142,43 +138,24 @@ class TrainingRun:
             state = check_checkpoint(latest_checkpoint(self.dir))["extra"]["schedule"] if resume else None
             self.schedule = self.algorithm.schedule(algorithm, lambda: teacher_success(config), state)
         self._plan, self._strategies = plan, strategies
-        # One service per teacher bundle, only when the algorithm's stages score with a teacher;
-        # rollout worker i sends its groups to teacher i mod M.
-        self.teachers = []
-        if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and self.teacher_active:
-            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=f"teacher-{j}",
-                                                    prompt=config.rollout.loop.prompt, named=True,
-                                                    num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
-                                                    scheduling_strategy=strategies["teacher"][j])
-                             for j in range(plan.teacher.count)]
-        # Routed teachers: one service each, without a bundle (remote servers or the oracle).
-        routed = {route.name: create_teacher_service(route.teacher, config.model, config.env,
-                                                     name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
-                                                     named=True, num_cpus=0)
-                  for route in config.teacher_routes} if self.algorithm.uses_teacher(algorithm) else {}
-        # The judge: one service, in the plan's judge bundle when it serves its own model.
-        self.judge = None
-        if self.algorithm.uses_judge(algorithm):
-            from judge.service import create_judge_service
-
-            self.judge = create_judge_service(config.judge, config.model, config.env, named=True,
-                                              num_cpus=plan.judge.cpus, num_gpus=plan.judge.gpus,
-                                              scheduling_strategy=strategies["judge"][0])
-            ray.get(self.judge.check.remote())  # its server answers, serves the model, takes the key
-        rollout = config.rollout.model_copy(update={
-            "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
-        self.pool = RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
-                                num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus,
-                                placement=strategies["rollout"], env=config.env, algorithm=algorithm,
-                                teacher_active=self.teacher_active, named=True, routed_teachers=routed,
-                                routes=config.teacher_routes, judge=self.judge,
-                                env_placement=(plan.env.cpus, strategies["env"]) if plan.env.count else None)
+        routed = self._start_teachers()
+        self.judge = self._start_judge()
+        self.pool = self._start_pool(routed)
         self.teachers += list(routed.values())  # their stats, restarts and the final kill too
         self.learner = LearnerGroup(plan.learner.count, config.learner, config.model, num_cpus=plan.learner.cpus,
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
         if not self.teacher_active:
             self._give_teacher_bundles_to_rollout()
         self.tensorboard = TensorBoardLog(self.dir / "tensorboard") if config.run.tensorboard else None
+        self._start_counts(faults)
+        self.version = 0
+        self.warm_steps = 0
+        """Learner versions spent on the warm start (run.steps counts the versions after it)."""
+        if resume:
+            self._resume()
+
+    def _start_counts(self, faults: dict[str, int] | None) -> None:
+        """What the step records are built from and continue (`_record`; a resume restores them)."""
         self.rows: list[StepRecord] = []
         self._teacher_pids: list[int] = []
         """The pid of each teacher service at the last step: a new pid is a restart."""
@@ -197,22 +174,65 @@ class TrainingRun:
         """Samples resident in the buffers that resumes and recoveries replaced (StepRecord.buffer_lost)."""
         self._faults = dict(faults or {})
         """FAULT_TOTALS of the replaced run; what its records after the checkpoint held goes into the next record."""
-        self.version = 0
-        self.warm_steps = 0
-        """Learner versions spent on the warm start (run.steps counts the versions after it)."""
-        if resume:
-            self._resume()
+
+    def _start_teachers(self) -> dict[str, Any]:
+        """`self.teachers`: one service per teacher bundle, when the algorithm's stages score with a
+        teacher and its schedule has not stopped it (rollout worker i sends its groups to teacher i
+        mod M). Returns the routed teachers: one service each, without a bundle (remote servers
+        or the oracle), by route name."""
+        from teacher.service import create_teacher_service
+
+        config, plan, algorithm = self.config, self._plan, self.config.learner.algorithm
+        self.teachers = []
+        if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and self.teacher_active:
+            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=f"teacher-{j}",
+                                                    prompt=config.rollout.loop.prompt, named=True,
+                                                    num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
+                                                    scheduling_strategy=self._strategies["teacher"][j])
+                             for j in range(plan.teacher.count)]
+        if not self.algorithm.uses_teacher(algorithm):
+            return {}
+        return {route.name: create_teacher_service(route.teacher, config.model, config.env,
+                                                   name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
+                                                   named=True, num_cpus=0)
+                for route in config.teacher_routes}
+
+    def _start_judge(self):
+        """The judge, when the algorithm's stages use one: one service, in the plan's judge bundle
+        when it serves its own model; checked (its server answers, serves the model, takes the key)."""
+        import ray
+
+        from judge.service import create_judge_service
+
+        if not self.algorithm.uses_judge(self.config.learner.algorithm):
+            return None
+        config, plan = self.config, self._plan
+        judge = create_judge_service(config.judge, config.model, config.env, named=True, num_cpus=plan.judge.cpus,
+                                     num_gpus=plan.judge.gpus, scheduling_strategy=self._strategies["judge"][0])
+        ray.get(judge.check.remote())
+        return judge
+
+    def _start_pool(self, routed: dict[str, Any]):
+        from actors.pool import RolloutPool
+
+        config, plan, strategies = self.config, self._plan, self._strategies
+        rollout = config.rollout.model_copy(update={
+            "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
+        return RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
+                           num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus, placement=strategies["rollout"],
+                           env=config.env, algorithm=config.learner.algorithm, teacher_active=self.teacher_active,
+                           named=True, routed_teachers=routed, routes=config.teacher_routes, judge=self.judge,
+                           env_placement=(plan.env.cpus, strategies["env"]) if plan.env.count else None)
 
     @property
     def teacher_active(self) -> bool:
         return self.schedule is None or self.schedule.teacher_active()
 
-    @property
-    def learner_algorithm(self):
-        """The loss the learner trains with at this step (the schedule's, when the algorithm has one)."""
+    def loss_config(self, step: int):
+        """The loss the learner trains with at main-loop step `step` (0: the first after the warm
+        start): the configured one, or its schedule's."""
         algorithm = self.config.learner.algorithm
-        return algorithm if self.schedule is None else \
-            self.schedule.loss_config(algorithm, self.version - self.warm_steps)
+        return algorithm if self.schedule is None else self.schedule.loss_config(algorithm, step)
 
     def _give_teacher_bundles_to_rollout(self) -> int:
         """One rollout worker per teacher bundle; none when the teacher role reserved nothing (an
@@ -347,30 +367,16 @@ class TrainingRun:
             elif time.monotonic() - last_sample > run.stall_timeout_s and not should_stop():
                 self._stalled(time.monotonic() - last_sample)
             if batch.num_samples < B:
-                totals = self.pool.group_totals()
-                hint = ""
-                if totals["num_groups_without_signal"]:
-                    hint = (f"; the workers dropped {totals['num_groups_without_signal']} of the "
-                            f"{totals['num_groups_delivered']} groups they finished for carrying no signal (every "
-                            f"episode got the same reward; learner.algorithm.drop_zero_variance_groups=false keeps them)")
-                print(f"waiting for data: {batch.num_samples}/{B} samples after {idle:.0f} s{hint}", flush=True)
+                self._say_waiting(batch.num_samples, idle)
                 if batch.num_samples == 0:
                     continue
-            stats = self.learner.train(batch, self.learner_algorithm)
+            stats = self.learner.train(batch, self.loss_config(self.version - self.warm_steps))
             if stats["skipped"]:
                 self._skip_step(stats)
                 continue
             self._skipped_in_row = 0
             self.version = int(stats["version"])
-            sync = 0.0
-            if self.version % run.publish_every == 0:
-                start = time.perf_counter()
-                self.pool.publish_weights(self.learner.publish(), self.version)
-                sync = time.perf_counter() - start
-                if not self.rows:
-                    info = self.learner.published
-                    print(f"weights published in {'/'.join(info['dtypes'])}: {info['num_bytes'] / 2**20:.1f} MiB "
-                          f"into the object store, {sync:.2f} s", flush=True)
+            sync = self._publish() if self.version % run.publish_every == 0 else 0.0
             ray.get(self.buffer.set_version.remote(self.version))
             versions = [v for vs in batch.policy_versions for v in vs]
             row = self._record(stats, versions, idle, sync, time.perf_counter() - last)
@@ -392,6 +398,28 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _say_waiting(self, num_samples: int, idle: float) -> None:
+        """The learner got fewer samples than a batch: say so, with the likeliest cause when known."""
+        totals = self.pool.group_totals()
+        hint = ""
+        if totals["num_groups_without_signal"]:
+            hint = (f"; the workers dropped {totals['num_groups_without_signal']} of the "
+                    f"{totals['num_groups_delivered']} groups they finished for carrying no signal (every "
+                    f"episode got the same reward; learner.algorithm.drop_zero_variance_groups=false keeps them)")
+        print(f"waiting for data: {num_samples}/{self.config.buffer.batch_size} samples after {idle:.0f} s{hint}",
+              flush=True)
+
+    def _publish(self) -> float:
+        """The learner's weights to every worker (they apply them before their next round); seconds taken."""
+        start = time.perf_counter()
+        self.pool.publish_weights(self.learner.publish(), self.version)
+        sync = time.perf_counter() - start
+        if not self.rows:
+            info = self.learner.published
+            print(f"weights published in {'/'.join(info['dtypes'])}: {info['num_bytes'] / 2**20:.1f} MiB "
+                  f"into the object store, {sync:.2f} s", flush=True)
+        return sync
 
     def _stalled(self, waited_s: float) -> None:
         """No sample for run.stall_timeout_s: checkpoint, then RunStalled with what the workers
@@ -481,8 +509,10 @@ class TrainingRun:
         # Defaults for algorithms without λ, a teacher schedule or a horizon curriculum: the student
         # acts for the whole episode.
         max_turns = float(self.config.rollout.loop.max_turns)
+        # The loss config is the one this step trained with: the step before the version moved.
         gauges = {"opd_lambda": 0.0, "teacher_retired": float(not self.teacher_active), "horizon_k": max_turns,
-                  **self.algorithm.gauges(self.learner_algorithm, self.version - self.warm_steps),
+                  **self.algorithm.gauges(self.loss_config(self.version - self.warm_steps - 1),
+                                          self.version - self.warm_steps),
                   **(self.schedule.gauges() if self.schedule is not None else {})}
         gauges["horizon_k"] = min(gauges["horizon_k"], max_turns)
         staleness = [self.version - 1 - v for v in versions]

@@ -324,6 +324,16 @@ class Algorithm:
                              f"rollout.segments needs an algorithm without them (opd, tcod)")
         return _with_topk_scoring(self.segment_stages, cfg)
 
+    def step_loss(self, logprobs: torch.Tensor, student_topk: torch.Tensor | None, batch: TokenBatch,
+                  cfg: AlgorithmConfig) -> LossOutput:
+        """`loss`, plus topk_kl_coef · the forward KL over the teacher's top-k when that term is on
+        (`student_topk`: log π_θ of the teacher's top-k ids [N, T, k], asked for when `cfg.topk_kl_coef`)."""
+        out = self.loss(logprobs, batch, cfg)
+        if not cfg.topk_kl_coef:
+            return out
+        kl = forward_kl_topk(student_topk, batch, cfg)
+        return LossOutput(out.loss_sum + cfg.topk_kl_coef * kl.loss_sum, out.num_units, {**out.stats, **kl.stats})
+
     def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
         return teacher_scores in self.group_stages(cfg)
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.expansion import TrainSequence
 from cluster.files import fsync_path, fsync_tree
-from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch, forward_kl_topk
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch
 from models.loading import ModelConfig, load_model
 
 
@@ -201,6 +201,74 @@ def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
     return (*out, torch.cat([torch.zeros_like(topk[:, :1]), topk], dim=1).cpu())
 
 
+class StepSums:
+    """A learner step's diagnostics, summed over its micro-batches, then over the ranks: entropy,
+    staleness, the loss's own stats, the sampled-token reverse KL and the student's log-prob on
+    the head and tail of each response (`response_tail`), and the reverse KL by turn index (the
+    seeds' evidence that errors compound over turns)."""
+
+    KEYS = ("loss_sum", "loss_tokens", "entropy", "staleness", "clip_frac", "mismatch_kl", "reverse_kl", "topk_kl",
+            "tokens", "sequences", "kl_head", "kl_tail", "scored_head_tokens", "scored_tail_tokens",
+            "logp_head", "logp_tail", "head_tokens", "tail_tokens")
+
+    def __init__(self, num_turn_slots: int) -> None:
+        """`num_turn_slots`: the most turns of any sequence on any rank (the same on every rank)."""
+        self.sums = dict.fromkeys(self.KEYS, 0.0)
+        self.max_staleness = 0.0
+        self.kl_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
+        self.tokens_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
+
+    def add(self, b: TokenBatch, out: LossOutput, entropy: torch.Tensor) -> None:
+        sums, mask = self.sums, b.loss_mask
+        sums["loss_sum"] += out.loss_sum.item()
+        sums["loss_tokens"] += float(mask.sum())
+        sums["entropy"] += float((entropy * mask).sum())
+        sums["staleness"] += float((b.staleness * mask).sum())
+        sums["tokens"] += float(b.attention_mask.sum())
+        sums["sequences"] += len(b.input_ids)
+        for key in ("clip_frac", "mismatch_kl", "reverse_kl", "topk_kl"):
+            sums[key] += out.stats.get(key, 0.0)
+        if not mask.any():
+            return
+        tail = response_tail(mask, b.turn_index)
+        for part, where in (("head", mask & ~tail), ("tail", tail)):
+            sums[f"logp_{part}"] += float(b.behaviour_logprobs[where].sum())
+            sums[f"{part}_tokens"] += float(where.sum())
+            if b.teacher_logprobs is not None:
+                sums[f"kl_{part}"] += float((b.behaviour_logprobs - b.teacher_logprobs)[where].sum())
+                sums[f"scored_{part}_tokens"] += float(where.sum())
+        self.max_staleness = max(self.max_staleness, float(b.staleness[mask].max()))
+        turns = b.turn_index[mask]
+        self.tokens_by_turn += torch.bincount(turns, minlength=len(self.tokens_by_turn)).double()
+        if b.teacher_logprobs is not None:
+            gap = (b.behaviour_logprobs - b.teacher_logprobs)[mask].double()
+            self.kl_by_turn += torch.bincount(turns, weights=gap, minlength=len(self.kl_by_turn))
+
+    def reduce(self, all_sum, all_max) -> dict[str, Any]:
+        """Global stats (every rank calls it, in the same order): `loss_sum` and the per-token means."""
+        totals = dict(zip(self.KEYS, all_sum(list(self.sums.values()))))
+        if len(self.kl_by_turn):
+            dist.all_reduce(self.kl_by_turn)
+            dist.all_reduce(self.tokens_by_turn)
+        tokens = max(totals["loss_tokens"], 1.0)
+        per_turn = zip(self.kl_by_turn.tolist(), self.tokens_by_turn.tolist())
+        return {
+            "loss_sum": totals["loss_sum"],
+            **{key: totals[key] / tokens for key in ("entropy", "clip_frac", "mismatch_kl", "reverse_kl", "topk_kl")},
+            "mean_staleness": totals["staleness"] / tokens,
+            "max_staleness": all_max(self.max_staleness),
+            "reverse_kl_by_turn": [kl / n if n else None for kl, n in per_turn],
+            # None where no token (or none scored).
+            **{f"reverse_kl_{part}": totals[f"kl_{part}"] / n if (n := totals[f"scored_{part}_tokens"]) else None
+               for part in ("head", "tail")},
+            **{f"student_logprob_{part}": totals[f"logp_{part}"] / n if (n := totals[f"{part}_tokens"]) else None
+               for part in ("head", "tail")},
+            "num_loss_tokens": totals["loss_tokens"],
+            "num_tokens": totals["tokens"],
+            "num_sequences": totals["sequences"],
+        }
+
+
 class Trainer:
     """The model, optimizer and schedule of one rank."""
 
@@ -256,7 +324,6 @@ class Trainer:
         """
         start = time.perf_counter()
         cfg = algorithm or self.config.algorithm
-        loss_fn = ALGORITHMS[cfg.name].loss
         batches = [collate(mb, self.version, self.pad_token_id)
                    for mb in micro_batches(sequences, self.config.micro_batch_tokens)]
         num_passes = int(self._all_max(len(batches)))
@@ -266,54 +333,15 @@ class Trainer:
         if global_units == 0:  # every turn replayed, unselected or untrainable: nothing to learn from
             return {"version": self.version, "skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0,
                     "step_s": time.perf_counter() - start}
-        sums = {"loss": 0.0, "loss_tokens": 0.0, "entropy": 0.0, "staleness": 0.0, "clip_frac": 0.0,
-                "mismatch_kl": 0.0, "reverse_kl": 0.0, "topk_kl": 0.0, "tokens": 0.0, "sequences": 0.0,
-                "kl_head": 0.0, "kl_tail": 0.0, "scored_head_tokens": 0.0, "scored_tail_tokens": 0.0,
-                "logp_head": 0.0, "logp_tail": 0.0, "head_tokens": 0.0, "tail_tokens": 0.0}
-        max_staleness = 0.0
-        # Sampled-token reverse KL and trained tokens per turn index (the seeds' evidence that
-        # errors compound over turns), summed over micro-batches, then over ranks.
-        num_turn_slots = int(self._all_max(max((int(b.turn_index.max()) + 1 for b in batches), default=0)))
-        kl_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
-        tokens_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
+        sums = StepSums(int(self._all_max(max((int(b.turn_index.max()) + 1 for b in batches), default=0))))
         for i in range(num_passes):
             if i < len(batches):
                 b = batches[i]
-                if cfg.topk_kl_coef:
-                    logp, entropy, topk = token_logprobs(self.model, b, with_topk=True)
-                else:
-                    logp, entropy = token_logprobs(self.model, b)
-                out = loss_fn(logp, b, cfg)
-                if cfg.topk_kl_coef:
-                    kl = forward_kl_topk(topk, b, cfg)
-                    out = LossOutput(out.loss_sum + cfg.topk_kl_coef * kl.loss_sum, out.num_units,
-                                     {**out.stats, **kl.stats})
+                logp, entropy, *topk = token_logprobs(self.model, b, with_topk=bool(cfg.topk_kl_coef))
+                out = ALGORITHMS[cfg.name].step_loss(logp, topk[0] if topk else None, b, cfg)
                 # FSDP averages gradients over ranks; the loss is already a global mean, so undo that.
                 (out.loss_sum * (self.world_size / global_units)).backward()
-                mask = b.loss_mask
-                sums["loss"] += out.loss_sum.item()
-                sums["loss_tokens"] += float(mask.sum())
-                sums["entropy"] += float((entropy * mask).sum())
-                sums["staleness"] += float((b.staleness * mask).sum())
-                sums["tokens"] += float(b.attention_mask.sum())
-                sums["sequences"] += len(b.input_ids)
-                for key in ("clip_frac", "mismatch_kl", "reverse_kl", "topk_kl"):
-                    sums[key] += out.stats.get(key, 0.0)
-                if mask.any():
-                    tail = response_tail(mask, b.turn_index)
-                    head = mask & ~tail
-                    for part, where in (("head", head), ("tail", tail)):
-                        sums[f"logp_{part}"] += float(b.behaviour_logprobs[where].sum())
-                        sums[f"{part}_tokens"] += float(where.sum())
-                        if b.teacher_logprobs is not None:
-                            sums[f"kl_{part}"] += float((b.behaviour_logprobs - b.teacher_logprobs)[where].sum())
-                            sums[f"scored_{part}_tokens"] += float(where.sum())
-                    max_staleness = max(max_staleness, float(b.staleness[mask].max()))
-                    turns = b.turn_index[mask]
-                    tokens_by_turn += torch.bincount(turns, minlength=num_turn_slots).double()
-                    if b.teacher_logprobs is not None:
-                        gap = (b.behaviour_logprobs - b.teacher_logprobs)[mask].double()
-                        kl_by_turn += torch.bincount(turns, weights=gap, minlength=num_turn_slots)
+                sums.add(b, out, entropy)
             else:
                 # An empty pass keeps FSDP's collectives paired with the ranks that have more work.
                 dummy = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
@@ -321,9 +349,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         lr = self.scheduler.get_last_lr()[0] if lr is None else lr
-        totals = dict(zip(sums, self._all_sum(list(sums.values()))))
+        stats = sums.reduce(self._all_sum, self._all_max)
         # Both are global (all-reduced), so every rank takes the same branch.
-        skipped = None if math.isfinite(totals["loss"]) and math.isfinite(float(grad_norm)) else "nonfinite"
+        skipped = None if math.isfinite(stats["loss_sum"]) and math.isfinite(float(grad_norm)) else "nonfinite"
         if skipped is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -331,34 +359,8 @@ class Trainer:
             self.scheduler.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = max(totals["loss_tokens"], 1.0)
-        if num_turn_slots:
-            dist.all_reduce(kl_by_turn)
-            dist.all_reduce(tokens_by_turn)
-        return {
-            "version": self.version,
-            "skipped": skipped,
-            "loss": totals["loss"] / global_units,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "entropy": totals["entropy"] / tokens,
-            "mean_staleness": totals["staleness"] / tokens,
-            "max_staleness": self._all_max(max_staleness),
-            "clip_frac": totals["clip_frac"] / tokens,
-            "mismatch_kl": totals["mismatch_kl"] / tokens,
-            "reverse_kl": totals["reverse_kl"] / tokens,
-            "topk_kl": totals["topk_kl"] / tokens,
-            "reverse_kl_by_turn": [kl / n if n else None for kl, n in zip(kl_by_turn.tolist(), tokens_by_turn.tolist())],
-            # The head/tail split of each response (`response_tail`); None where no token (or none scored).
-            **{f"reverse_kl_{part}": totals[f"kl_{part}"] / n if (n := totals[f"scored_{part}_tokens"]) else None
-               for part in ("head", "tail")},
-            **{f"student_logprob_{part}": totals[f"logp_{part}"] / n if (n := totals[f"{part}_tokens"]) else None
-               for part in ("head", "tail")},
-            "num_loss_tokens": totals["loss_tokens"],
-            "num_tokens": totals["tokens"],
-            "num_sequences": totals["sequences"],
-            "step_s": time.perf_counter() - start,
-        }
+        return {"version": self.version, "skipped": skipped, "loss": stats.pop("loss_sum") / global_units,
+                "grad_norm": float(grad_norm), "lr": lr, **stats, "step_s": time.perf_counter() - start}
 
     @torch.no_grad()
     def evaluate_logprobs(self, sequences: list[TrainSequence]) -> list[torch.Tensor]:

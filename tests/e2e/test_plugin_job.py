@@ -1,0 +1,65 @@
+"""An algorithm with a teacher schedule of its own, registered in this file alone and run by a
+real job that names this module with `--plugin` (nothing else changes): λ annealed linearly to 0
+over two steps, after which the schedule stops the teacher, whose services end."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from learner.algorithms import Algorithm, grpo_advantages, joint_loss, register_algorithm, teacher_scores
+
+ANNEAL_STEPS = 2
+
+
+class AnnealSchedule:
+    """λ_step = λ · max(0, 1 − step / ANNEAL_STEPS); the teacher goes once λ reaches 0."""
+
+    def __init__(self, state: dict | None) -> None:
+        self.stopped_at = None if state is None else state["stopped_at"]
+
+    def teacher_active(self) -> bool:
+        return self.stopped_at is None
+
+    def loss_config(self, cfg, step: int):
+        return cfg.model_copy(update={"opd_lambda": cfg.opd_lambda * max(0.0, 1 - step / ANNEAL_STEPS)})
+
+    def after_step(self, version: int, reverse_kl: float, eval_success: float | None) -> bool:
+        if self.stopped_at is None and version >= ANNEAL_STEPS:
+            self.stopped_at = version
+            return True
+        return False
+
+    def gauges(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"stopped_at": self.stopped_at}
+
+
+register_algorithm("anneal_test", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
+                                            gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
+                                            schedule=lambda cfg, teacher_success, state: AnnealSchedule(state)))
+
+
+def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_file(tmp_path):
+    from test_train_job import ROOT, SHORT, free_port, job_env
+
+    run_dir = tmp_path / "run"
+    env = job_env()
+    env["PYTHONPATH"] = f"{Path(__file__).parent}:{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--plugin", Path(__file__).stem, *SHORT,
+                           "learner.algorithm.name=anneal_test", "learner.algorithm.opd_lambda=0.5",
+                           "learner.algorithm.drop_zero_variance_groups=false", "run.eval_every=0", "run.steps=3",
+                           f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "teacher stopped by the anneal_test schedule at version 2: 1 teacher service(s) stopped" in proc.stdout
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["opd_lambda"] for r in rows] == [0.5, 0.25, 0.0]  # what each step trained with
+    assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0]
+    # A module that does not import is a clear error before anything starts.
+    bad = subprocess.run([sys.executable, "-m", "jobs.train", "--plugin", "no_such_module", "--dry-run"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--plugin no_such_module: the module does not import" in bad.stderr
