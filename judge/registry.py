@@ -9,9 +9,10 @@ receives the entry itself, so a backend registered by the driver's code alone ru
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
+
+from cluster.registry import Registry
 
 if TYPE_CHECKING:
     from envs.registry import EnvConfig
@@ -29,26 +30,15 @@ class JudgeBackendEntry:
     the backend cannot judge through one."""
 
 
-BUILTIN = "judge.builtin"
-"""The module that registers the backends the project ships (imported on first lookup)."""
-_REGISTRY: dict[str, JudgeBackendEntry] = {}
+REGISTRY: Registry[JudgeBackendEntry] = Registry("judge.backend", "judge backend", "judge.builtin")
+"""The shipped backends register in `judge.builtin` (imported on the first lookup)."""
 
 
 def register_judge_backend(name: str, entry: JudgeBackendEntry) -> None:
     """Make `judge.backend: <name>` build its services with `entry.build`."""
-    if name in _REGISTRY and _REGISTRY[name] != entry:
-        raise ValueError(f"judge backend {name!r} is already registered")
-    _REGISTRY[name] = entry
-
-
-def known_judge_backends() -> list[str]:
-    importlib.import_module(BUILTIN)
-    return sorted(_REGISTRY)
+    REGISTRY.register(name, entry)
 
 
 def judge_backend(name: str) -> JudgeBackendEntry:
     """The registered entry; ValueError naming the known ones when there is none."""
-    importlib.import_module(BUILTIN)
-    if name not in _REGISTRY:
-        raise ValueError(f"judge.backend: unknown judge backend {name!r}; known backends: {known_judge_backends()}")
-    return _REGISTRY[name]
+    return REGISTRY[name]

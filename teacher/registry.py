@@ -15,9 +15,10 @@ by the driver's code alone (a test file, a user's script) runs in the actor's pr
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
+
+from cluster.registry import Registry
 
 if TYPE_CHECKING:
     from envs.prompt import PromptConfig
@@ -56,27 +57,15 @@ class TeacherBackendEntry:
     rollout.loop.max_context_tokens before any actor starts."""
 
 
-BUILTIN = "teacher.builtin"
-"""The module that registers the backends the project ships (imported on first lookup)."""
-_REGISTRY: dict[str, TeacherBackendEntry] = {}
+REGISTRY: Registry[TeacherBackendEntry] = Registry("teacher.backend", "teacher backend", "teacher.builtin")
+"""The shipped backends register in `teacher.builtin` (imported on the first lookup)."""
 
 
 def register_teacher_backend(name: str, entry: TeacherBackendEntry) -> None:
     """Make `teacher.backend: <name>` build its services with `entry.build`."""
-    if name in _REGISTRY and _REGISTRY[name] != entry:
-        raise ValueError(f"teacher backend {name!r} is already registered")
-    _REGISTRY[name] = entry
-
-
-def known_teacher_backends() -> list[str]:
-    importlib.import_module(BUILTIN)
-    return sorted(_REGISTRY)
+    REGISTRY.register(name, entry)
 
 
 def teacher_backend(name: str) -> TeacherBackendEntry:
     """The registered entry; ValueError naming the known ones when there is none."""
-    importlib.import_module(BUILTIN)
-    if name not in _REGISTRY:
-        raise ValueError(f"teacher.backend: unknown teacher backend {name!r}; known backends: "
-                         f"{known_teacher_backends()}")
-    return _REGISTRY[name]
+    return REGISTRY[name]
