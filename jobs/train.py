@@ -668,7 +668,9 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
         except NonFiniteTraining as exc:  # the same data would do it again: no recovery
             print(f"run stopped: {exc}", file=sys.stderr, flush=True)
             return 1
-        except (RunStalled, LearnerHung, ray.exceptions.RayActorError) as exc:
+        # A dead rank can surface elsewhere first: the workers fail on the weights it owned, and
+        # the pool gives up on them (RuntimeError) before the driver calls the rank again.
+        except (RunStalled, LearnerHung, ray.exceptions.RayError, RuntimeError) as exc:
             cause = run.failure(exc)
             if cause is None:
                 raise

@@ -586,7 +586,9 @@ class TrainingRun:
 
         if isinstance(exc, (RunStalled, LearnerHung)):
             return str(exc)
-        actor_id = getattr(exc, "actor_id", None)
+        # An error that names no actor (an object a dead rank owned, workers that failed on its
+        # weights) is the buffer's or a rank's failure only when one of them is dead.
+        actor_id = getattr(exc, "actor_id", None) or self._dead_core_actor()
         if actor_id is None:
             return None
         if actor_id == self.buffer._actor_id.hex():
@@ -596,6 +598,19 @@ class TrainingRun:
         for rank, actor in enumerate(self.learner.ranks):
             if actor_id == actor._actor_id.hex():
                 return f"learner rank {rank} died ({type(exc).__name__}) at version {self.version}"
+        return None
+
+    def _dead_core_actor(self) -> str | None:
+        """The id (hex) of the buffer or a learner rank that no longer answers at all, if one."""
+        import ray
+
+        for actor in [self.buffer, *self.learner.ranks]:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                return actor._actor_id.hex()
+            except ray.exceptions.GetTimeoutError:
+                continue  # busy, or hung: the call deadlines find a hang
         return None
 
     def evaluate(self) -> tuple[float, dict[str, float]]:
