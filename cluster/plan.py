@@ -64,7 +64,7 @@ class ResourcePlan(BaseModel):
     def _apply_preset(cls, data: Any) -> Any:
         """The preset's roles under the given ones, key by key (`rollout: {cpus: 0.5}` keeps the
         preset's rollout count)."""
-        if isinstance(data, dict) and data.get("preset") in PRESETS:
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
             preset = PRESETS[data["preset"]]
             return {**preset, **{k: {**preset[k], **v} if isinstance(v, dict) and k in preset else v
                                  for k, v in data.items()}}

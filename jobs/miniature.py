@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from cluster.plan import ROLES, RolePlan
+from teacher.registry import teacher_backend
 
 MiniatureGpus = Literal["cpu", "gpus"]
 
@@ -56,7 +57,7 @@ def _vllm(vllm: dict[str, Any]) -> dict[str, Any]:
 
 
 def _teacher(teacher: dict[str, Any] | None) -> dict[str, Any] | None:
-    if teacher is None or teacher["backend"] not in ("hf", "vllm"):
+    if teacher is None or not teacher_backend(teacher["backend"]).loads_model:
         return teacher
     return {**teacher, "model": _model(teacher["model"], TEACHER), "vllm": _vllm(teacher["vllm"]),
             "max_batch_tokens": min(teacher["max_batch_tokens"], 8192)}
@@ -100,7 +101,7 @@ def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: Miniatu
     # whole batch, or GRPO-style algorithms would drop them all and never take a step.
     algorithm = {**data["learner"]["algorithm"], "drop_zero_variance_groups": False}
     if algorithm["retirement"]["teacher_success"] is None and out["teacher"] is not None \
-            and out["teacher"]["backend"] in ("hf", "vllm"):
+            and teacher_backend(out["teacher"]["backend"]).loads_model:
         algorithm = {**algorithm, "retirement": {**algorithm["retirement"], "teacher_success": 1.0}}
     out["learner"] = {**data["learner"], "algorithm": algorithm, "warmup_steps": min(data["learner"]["warmup_steps"], 1),
                       "micro_batch_tokens": min(data["learner"]["micro_batch_tokens"], 8192)}
