@@ -14,7 +14,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from test_train_job import ROOT, SHORT, free_port, job_env
+from test_train_job import IN_PROCESS, ROOT, SHORT, assert_loopback_only, free_port, listening_addresses, job_env
 
 pytestmark = pytest.mark.slow
 
@@ -62,50 +62,10 @@ class Job:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def listeners(self) -> list[str]:
-        """Listening TCP addresses (`ss`) of the job's process and all its descendants."""
-        root = psutil.Process(self.proc.pid)
-        pids = {root.pid} | {p.pid for p in root.children(recursive=True)}
-        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
-        return [line.split()[3] for line in out.splitlines()
-                if any(f"pid={pid}," in line.split()[-1] for pid in pids)]
-
 
 def short_run(run_dir, steps: int) -> list[str]:
     return [*SHORT, f"run.dir={run_dir}", f"run.steps={steps}", f"run.metrics_port={free_port()}",
             "run.eval_every=0", "run.checkpoint_every=2"]
-
-
-def test_killed_rollout_worker_and_teacher_are_replaced_and_the_run_goes_on(tmp_path):
-    """The worker is killed while it generates (step 2) and again during an evaluation (step 6),
-    then the teacher service (step 7); with `rollout.segments` (running episodes deliver their
-    turns in parts, so a kill leaves groups partly stored: the buffer keeps each turn once)."""
-    job = Job(*short_run(tmp_path / "run", steps=8), "run.eval_every=6", "run.eval_tasks=48",
-              "rollout.segments=true")
-    job.wait_for("step    2 ")
-    # Every listener the job opened (Ray, the metrics endpoint, vLLM's engine core) is on loopback.
-    listeners = job.listeners()
-    assert any(a.endswith(f":{job.metrics_port}") for a in listeners), listeners
-    off_loopback = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))]
-    assert not off_loopback, (off_loopback, listeners)
-    job.kill_actor("RolloutWorker")
-    job.wait_for("evaluating 48 tasks")
-    job.kill_actor("RolloutWorker")
-    job.wait_for("step    7 ")
-    job.kill_actor("_ServiceActor")
-    assert job.finish() == 0, job.output
-    # The evaluation saw its worker die and re-ran that worker's tasks on the restarted one.
-    after_eval = job.output.split("evaluating 48 tasks", 1)[1]
-    assert "rollout worker 0 did not answer" in after_eval.split("step    6 ", 1)[0], job.output
-    rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in rows] == list(range(1, 9))
-    assert rows[5]["eval_success"] is not None
-    last = rows[-1]
-    assert last["rollout_failed_runs"] >= 2 and last["teacher_restarts"] >= 1, job.output
-    assert last["duplicate_groups"] == 0
-    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
-                                  + last["buffer_resident"])
-    assert all(a["episodes"] <= b["episodes"] for a, b in zip(rows, rows[1:]))
 
 
 STEP = re.compile(r"^step\s+(\d+) .*?(?: restarts rollout (\d+) teacher (\d+) env (\d+))?$", re.MULTILINE)
@@ -135,8 +95,11 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself_then_st
     teacher are restarted in place; the buffer's and the rank's deaths are recovered by the job
     itself (run.max_failures=2: every actor rebuilt from the newest checkpoint). The one command
     ends with exit 0, versions 1..N once each, counters that add up and job_recoveries 2.
-    Then, with no recovery left (run.max_failures=0), a dead buffer stops the run naming the
-    `--resume` command, which continues it at the version it checkpointed."""
+    Episodes deliver their turns in parts (`rollout.segments`): a kill leaves groups partly
+    stored, and the buffer keeps each turn once.
+    Then, with no recovery left (run.max_failures=0), the rollout worker is killed during an
+    evaluation (which re-runs its tasks on the restarted worker) and a dead buffer stops the run
+    naming the `--resume` command, which continues it at the version it checkpointed."""
     import random
 
     run_dir, num_steps = tmp_path / "run", 36
@@ -146,7 +109,9 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself_then_st
     rng.shuffle(victims)
     schedule = [(rng.randint(1, 3), victim) for victim in victims]
     job = Job(*short_run(run_dir, steps=num_steps), "run.max_failures=2", "rollout.env_actors=true",
-              "rollout.num_envs=4")
+              "rollout.num_envs=4", "rollout.segments=true")
+    job.wait_for("step    1 ")
+    assert_loopback_only(listening_addresses(job.proc.pid), job.metrics_port)
     restarts = {victim: 0 for victim in RESTARTED}
     num_recoveries, accounted_at, seen = 0, 0, 0
     for gap, victim in schedule:
@@ -178,14 +143,19 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself_then_st
                                   + last["buffer_resident"] + last["buffer_lost"])
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))
 
+    evaluated = num_steps + 2
     job = Job("--resume", str(run_dir), f"run.steps={num_steps + 20}", "run.max_failures=0",
-              f"run.metrics_port={free_port()}")
-    job.wait_for(f"step {num_steps + 2:4d} ")
+              f"run.metrics_port={free_port()}", f"run.eval_every={evaluated}", "run.eval_tasks=48")
+    job.wait_for("evaluating 48 tasks")
+    job.kill_actor("RolloutWorker")
+    job.wait_for(f"step {evaluated + 1:4d} ")
     job.kill_actor("ReplayBuffer")
     assert job.finish() == 1, job.output
+    after_eval = job.output.split("evaluating 48 tasks", 1)[1]
+    assert "rollout worker 0 did not answer" in after_eval.split(f"step {evaluated:4d} ", 1)[0], job.output
     assert "run stopped: the replay buffer actor died" in job.output and f"--resume {run_dir}" in job.output
     version = int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
-    assert version >= num_steps + 2
+    assert version >= evaluated
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir),
                               f"run.steps={version + 1}", f"run.metrics_port={free_port()}"],
                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
@@ -193,6 +163,7 @@ def test_chaos_a_seeded_schedule_of_kills_and_the_job_recovers_by_itself_then_st
     assert f"at version {version}" in resumed.stdout and f"step {version + 1:4d} " in resumed.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["version"] for r in rows] == list(range(1, version + 2))
+    assert rows[evaluated - 1]["eval_success"] is not None
 
 
 def test_resume_refuses_an_incomplete_checkpoint_before_any_actor(tmp_path):
@@ -235,7 +206,7 @@ def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfwor
               "rollout.group_size=2", "cluster.plan.env.count=8", "rollout.loop.max_turns=3",
               "rollout.sampling.max_new_tokens=16", "buffer.batch_size=4", "warm_start.num_episodes=0",
               "run.steps=6", "run.eval_every=6", "run.eval_tasks=2", f"run.dir={run_dir}",
-              f"run.metrics_port={free_port()}", env={"ALFWORLD_DATA": str(alfworld_data)})
+              f"run.metrics_port={free_port()}", *IN_PROCESS, env={"ALFWORLD_DATA": str(alfworld_data)})
     job.wait_for("step    1 ", timeout_s=400)
     # The rollout set (and the eval set if started); what was resident at step 1 lasts a few
     # steps, so the later ones train on episodes played by the restarted actors.

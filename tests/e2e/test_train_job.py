@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import yaml
 
@@ -19,9 +20,15 @@ from cluster.local import LOOPBACK_ENV, free_port
 from jobs.report import FIGURES
 
 ROOT = Path(__file__).resolve().parents[2]
+IN_PROCESS = ["rollout.vllm.in_process=true"]
+DEFAULT_ENGINE = "rollout.vllm.in_process=false"
 SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
          "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "run.eval_every=2", "run.eval_tasks=4",
-         "run.checkpoint_every=2", "warm_start.num_episodes=0"]
+         "run.checkpoint_every=2", "warm_start.num_episodes=0", *IN_PROCESS]
+"""A short run of the embedded default with the nano model. Its engine core runs in the worker's
+own process: an engine starts in half the time (docs/vllm_cpu.md), and most of a short job is
+its start. The default, a separate engine-core process, is what the train-and-resume test and
+the `ray job submit` test run (DEFAULT_ENGINE)."""
 
 
 def job_env():
@@ -35,25 +42,43 @@ def scrape(port: int) -> str:
         return response.read().decode()
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """Listening TCP addresses (`ss`) of the process and all its descendants."""
+    root = psutil.Process(pid)
+    pids = {root.pid} | {p.pid for p in root.children(recursive=True)}
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line.split()[-1] for p in pids)]
+
+
+def assert_loopback_only(listeners: list[str], metrics_port: int | str) -> None:
+    """The metrics endpoint is among the listeners, and every listener is on 127.0.0.1."""
+    assert any(a.endswith(f":{metrics_port}") for a in listeners), listeners
+    off_loopback = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))]
+    assert not off_loopback, (off_loopback, listeners)
+
+
 def test_train_checkpoint_metrics_and_resume(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
     warm = ["warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4"]
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, f"run.dir={run_dir}", "run.steps=4",
-                             f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, DEFAULT_ENGINE, f"run.dir={run_dir}",
+                             "run.steps=4", f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    scraped = ""
+    scraped, listeners = "", []
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         try:
             text = scrape(port)
             if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
+                if not scraped:  # Ray, the metrics endpoint and vLLM's engine-core process
+                    listeners = listening_addresses(proc.pid)
                 scraped = text
         except OSError:
             pass
         time.sleep(0.2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
+    assert_loopback_only(listeners, port)
     # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
     solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
     warm = 2 * -(-solved // 4)
@@ -197,7 +222,7 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
     driver_port = free_port()
     # An eval at every step: the eval gauge exists from step 1 on, not only in the run's last
     # seconds, which a 5 s scrape can miss (it did once in CI).
-    overrides = " ".join(SHORT[2:] + [f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.eval_every=1",
+    overrides = " ".join(SHORT[2:] + [DEFAULT_ENGINE, f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.eval_every=1",
                                       f"run.metrics_port={driver_port}"])
     prometheus = None
     try:
@@ -354,7 +379,7 @@ def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_
                            "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
                            "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
                            "judge.backend=http", "judge.serve.model.path=tiny:nano", "judge.serve.max_model_len=4096",
-                           "judge.http.max_tokens=16", "judge.http.max_retries=0"],
+                           "judge.http.max_tokens=16", "judge.http.max_retries=0", *IN_PROCESS],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
@@ -376,7 +401,8 @@ def test_a_short_working_memory_run_trains_both_stages(tmp_path):
                            "rollout.sampling.max_new_tokens=16", "rollout.loop.memory_max_new_tokens=8",
                            "warm_start.num_episodes=4", "warm_start.batch_episodes=2", "run.eval_every=2",
                            "learner.algorithm.drop_zero_variance_groups=false",
-                           "run.eval_tasks=4", "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
+                           "run.eval_tasks=4", "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
+                           *IN_PROCESS],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
