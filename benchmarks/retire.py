@@ -50,9 +50,10 @@ def main() -> None:
     args = parser.parse_args()
     from jobs.config import load_config
     from jobs.train import JobConfig
+    from learner.algorithms import switch_algorithm
 
     out = Path(args.out)
-    base = load_config(JobConfig, args.config)
+    base = load_config(JobConfig, args.config, args.overrides)
     warm = out / "warm"
     if (warm / "warm_start_hf").exists():  # a previous run's warm start, in the same --out
         print(f"reusing the warm start in {warm}")
@@ -69,8 +70,11 @@ def main() -> None:
         teacher = ["teacher.backend=hf", f"teacher.model.path={args.teacher}",
                    f"teacher.privileged={json.dumps(privileged)}"]
         print(f"teacher: {args.teacher}, SR_T {manifest['teacher_success']:.3f} on {manifest['eval_split']}")
-    arms = {"retire": teacher, "never": ["learner.algorithm.name=joint", *teacher],
-            "grpo": ["learner.algorithm.name=grpo", "teacher=null", "learner.algorithm.topk_kl_coef=0"]}
+    def algorithm(name: str, **knobs) -> str:  # the config's section as another algorithm's
+        return f"learner.algorithm={json.dumps(switch_algorithm(base.learner.algorithm, name, **knobs).model_dump())}"
+
+    arms = {"retire": teacher, "never": [algorithm("joint"), *teacher],
+            "grpo": [algorithm("grpo", topk_kl_coef=0.0), "teacher=null"]}
     job = base.model_copy(update={"model": base.model.model_copy(update={"path": str(warm / "warm_start_hf")})})
     results = {}
     for arm, overrides in arms.items():

@@ -100,7 +100,7 @@ def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: Miniatu
     # A random tiny student fails every episode alike: groups without reward variance carry the
     # whole batch, or GRPO-style algorithms would drop them all and never take a step.
     algorithm = {**data["learner"]["algorithm"], "drop_zero_variance_groups": False}
-    if algorithm["retirement"]["teacher_success"] is None and out["teacher"] is not None \
+    if "retirement" in algorithm and algorithm["retirement"]["teacher_success"] is None and out["teacher"] is not None \
             and teacher_backend(out["teacher"]["backend"]).loads_model:
         algorithm = {**algorithm, "retirement": {**algorithm["retirement"], "teacher_success": 1.0}}
     out["learner"] = {**data["learner"], "algorithm": algorithm, "warmup_steps": min(data["learner"]["warmup_steps"], 1),

@@ -309,6 +309,7 @@ class TrainingRun:
 
         from buffer.actor import SampleBatch, encode_trajectories
         from jobs.warm_start import demonstrations, epoch_batches, num_steps
+        from learner.algorithms import AlgorithmConfig
         from models.loading import load_tokenizer
 
         ws = self.config.warm_start
@@ -320,7 +321,7 @@ class TrainingRun:
         total = num_steps(len(demos), ws)
         print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
-        sft = self.config.learner.algorithm.model_copy(update={"name": "sft", "topk_kl_coef": 0.0})
+        sft = AlgorithmConfig(name="sft", aggregation=self.config.learner.algorithm.aggregation)
         rows = []
         for episodes in epoch_batches(demos, ws):
             if should_stop():

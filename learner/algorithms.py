@@ -23,22 +23,27 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Protocol
+from typing import Annotated, Any, Awaitable, Callable, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from buffer.contracts import Trajectory
 from learner.curriculum import TCODConfig, TCODCurriculum, horizon
 from learner.retirement import RetirementConfig, retirement_schedule
 
 
+DEFAULT_ALGORITHM = "opd"
+
+
 class AlgorithmConfig(BaseModel):
-    """Which loss, and its knobs."""
+    """Base of every algorithm's config section (`learner.algorithm`): `name` selects the
+    registered algorithm, whose `config_cls` (this class or a subclass with the algorithm's own
+    knobs) validates the section; the knobs here are the loss terms the algorithms share."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "opd"
+    name: str = DEFAULT_ALGORITHM
     """A registered algorithm: grpo, turn_level, turn_judge, opd, joint, sft, tcod, retire_opd, or one added with
     `register_algorithm`."""
     clip_eps_low: float = Field(default=0.2, ge=0)
@@ -58,16 +63,8 @@ class AlgorithmConfig(BaseModel):
     outweighs every other token of the batch; bounded, it still says "less of this" at full
     strength without swamping the tokens that choose the action. The default 5 leaves every
     advantage of a teacher and student that roughly agree (|A| of a few nats) untouched."""
-    opd_lambda: float = Field(default=0.01, ge=0)
-    """λ of the joint loss L_GRPO + λ L_OPD (RetireOPD)."""
     drop_zero_variance_groups: bool = True
     """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
-    turn_level_k: int = Field(default=4, ge=1)
-    """turn_level, turn_judge: turns trained (and judged) per episode, chosen at random."""
-    tcod: TCODConfig = TCODConfig()
-    """tcod: the horizon curriculum (F2B or B2F)."""
-    retirement: RetirementConfig = RetirementConfig()
-    """retire_opd: when the teacher retires."""
 
     @field_validator("name")
     @classmethod
@@ -75,6 +72,76 @@ class AlgorithmConfig(BaseModel):
         if value not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {value!r}; known algorithms: {sorted(ALGORITHMS)}")
         return value
+
+    @model_validator(mode="after")
+    def _own_class(self) -> "AlgorithmConfig":
+        expected = ALGORITHMS[self.name].config_cls
+        if not isinstance(self, expected):
+            raise ValueError(f"algorithm {self.name!r} is configured by {expected.__name__}, not "
+                             f"{type(self).__name__} (parse_algorithm_config picks the class from a mapping)")
+        return self
+
+
+class JointConfig(AlgorithmConfig):
+    """joint: L_GRPO + λ L_OPD."""
+
+    opd_lambda: float = Field(default=0.01, ge=0)
+    """λ of the joint loss L_GRPO + λ L_OPD."""
+
+
+class RetireOPDConfig(JointConfig):
+    """retire_opd: the joint loss until the retirement rule fires, GRPO alone after it."""
+
+    retirement: RetirementConfig = RetirementConfig()
+    """When the teacher retires."""
+
+
+class TurnLevelConfig(AlgorithmConfig):
+    """turn_level, turn_judge: a few turns of each episode trained on their own rewards."""
+
+    turn_level_k: int = Field(default=4, ge=1)
+    """Turns trained (and judged) per episode, chosen at random."""
+
+
+class TCODAlgorithmConfig(AlgorithmConfig):
+    """tcod: OPD over a horizon that grows with training."""
+
+    tcod: TCODConfig = TCODConfig()
+    """The horizon curriculum (F2B or B2F)."""
+
+
+def parse_algorithm_config(value: Any) -> AlgorithmConfig:
+    """A mapping (or an AlgorithmConfig) as the config class its `name` registered: each
+    algorithm's section holds the shared loss knobs and its own, nothing else."""
+    if isinstance(value, AlgorithmConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"learner.algorithm must be a mapping with a `name` (one of {sorted(ALGORITHMS)}), "
+                         f"got {value!r}")
+    name = value.get("name", DEFAULT_ALGORITHM)
+    if name not in ALGORITHMS:
+        raise ValueError(f"learner.algorithm.name: unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")
+    config_cls = ALGORITHMS[name].config_cls
+    # Another algorithm's knob, left by an override that switched `name` alone: say how to switch.
+    owners = {key: [n for n, a in sorted(ALGORITHMS.items()) if key in a.config_cls.model_fields]
+              for key in sorted(set(value) - set(config_cls.model_fields))}
+    foreign = [f"{key} (a knob of {', '.join(names)})" for key, names in owners.items() if names]
+    if foreign:
+        raise ValueError(f"learner.algorithm.name={name} has no {', '.join(foreign)}; to switch algorithms, give "
+                         f"the whole section, e.g. learner.algorithm={{name: {name}}}")
+    return config_cls.model_validate({**value, "name": name})
+
+
+def switch_algorithm(cfg: AlgorithmConfig, name: str, **knobs: Any) -> AlgorithmConfig:
+    """`cfg` as algorithm `name`: the knobs `cfg` shares with that algorithm's section carried over
+    (e.g. the clip and advantage bound of a retire_opd config for its never-retire arm), `knobs` set."""
+    fields = ALGORITHMS[name].config_cls.model_fields
+    carried = {key: value for key, value in cfg.model_dump().items() if key in fields}
+    return parse_algorithm_config({**carried, **knobs, "name": name})
+
+
+AlgorithmSection = Annotated[SerializeAsAny[AlgorithmConfig], BeforeValidator(parse_algorithm_config)]
+"""The type of a config field that holds an algorithm section (dumps every field of the subclass)."""
 
 
 @dataclass
@@ -169,7 +236,7 @@ def opd_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) ->
     return LossOutput(loss, units, stats)
 
 
-def joint_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: AlgorithmConfig) -> LossOutput:
+def joint_loss(logprobs: torch.Tensor, batch: TokenBatch, cfg: JointConfig) -> LossOutput:
     g = grpo_loss(logprobs, batch, cfg)
     if cfg.opd_lambda == 0.0:
         return g
@@ -312,6 +379,8 @@ class Algorithm:
     """Stages run on segments of running episodes (`RolloutConfig.segments`): each sees every
     turn so far and no outcome yet. None: the loss needs finished episodes (a reward, a group
     baseline), so the algorithm cannot be delivered in segments."""
+    config_cls: type[AlgorithmConfig] = AlgorithmConfig
+    """Validates the algorithm's `learner.algorithm` section: the shared knobs and its own."""
 
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
@@ -391,18 +460,20 @@ def register_algorithm(name: str, algorithm: Algorithm) -> None:
 
 
 register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
-register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages)))
-register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages)))
+register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages),
+                                           config_cls=TurnLevelConfig))
+register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages),
+                                           config_cls=TurnLevelConfig))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                     gauges=lambda cfg, step: {"opd_lambda": 1.0}, segment_stages=(teacher_scores,)))
 register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
-                                      gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}))
+                                      gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}, config_cls=JointConfig))
 register_algorithm("retire_opd", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
                                            gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
-                                           schedule=retirement_schedule))
+                                           schedule=retirement_schedule, config_cls=RetireOPDConfig))
 register_algorithm("sft", Algorithm(sft_loss))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                      gauges=lambda cfg, step: {"opd_lambda": 1.0,
                                                                "horizon_k": float(horizon(cfg.tcod, step))},
                                      curriculum=lambda cfg: TCODCurriculum(cfg.tcod),
-                                     segment_stages=(teacher_scores,)))
+                                     segment_stages=(teacher_scores,), config_cls=TCODAlgorithmConfig))

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from buffer.expansion import TrainSequence
 from cluster.files import fsync_path, fsync_tree
-from learner.algorithms import ALGORITHMS, AlgorithmConfig, LossOutput, TokenBatch
+from learner.algorithms import ALGORITHMS, AlgorithmConfig, AlgorithmSection, LossOutput, TokenBatch
 from models.loading import ModelConfig, load_model
 
 
@@ -79,7 +79,7 @@ class LearnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmSection = AlgorithmConfig()
     lr: float = Field(default=1e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from learner.algorithms import Algorithm, grpo_advantages, joint_loss, register_algorithm, teacher_scores
+from learner.algorithms import Algorithm, JointConfig, grpo_advantages, joint_loss, register_algorithm, teacher_scores
 
 ANNEAL_STEPS = 2
 
@@ -40,7 +40,8 @@ class AnnealSchedule:
 
 register_algorithm("anneal_test", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
                                             gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
-                                            schedule=lambda cfg, teacher_success, state: AnnealSchedule(state)))
+                                            schedule=lambda cfg, teacher_success, state: AnnealSchedule(state),
+                                            config_cls=JointConfig))
 
 
 def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_file(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from models.weights import weights_as_tensors
 from buffer.actor import BufferConfig, create_buffer_actor, encode_trajectories
 from buffer.contracts import Trajectory, Turn
-from learner.algorithms import AlgorithmConfig
+from learner.algorithms import AlgorithmConfig, JointConfig
 from learner.group import LearnerGroup, LearnerHung
 from models.loading import ModelConfig
 from learner.trainer import LearnerConfig
@@ -40,7 +40,7 @@ def batch_of(ray, trajectories):
 def test_two_ranks_match_one_rank_and_resume(ray_session, tmp_path):
     import ray
 
-    cfg = LearnerConfig(algorithm=AlgorithmConfig(name="joint", opd_lambda=0.5), lr=2e-3)
+    cfg = LearnerConfig(algorithm=JointConfig(name="joint", opd_lambda=0.5), lr=2e-3)
     batch, _owner = batch_of(ray, fake_trajectories())
     one = LearnerGroup(1, cfg, NANO, num_cpus=0.5)
     two = LearnerGroup(2, cfg, NANO, num_cpus=0.5)

@@ -65,6 +65,32 @@ def test_bad_job_configs_name_the_key(overrides, message):
         load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", overrides)
 
 
+def test_an_algorithm_section_holds_the_shared_knobs_and_its_own_only():
+    """Each algorithm validates its section as its own config class: another algorithm's knob,
+    left by switching `name` alone, is an error naming whose knob it is and how to switch; the
+    whole section replaced switches; the subclass's knobs survive the dump a resume reads back."""
+    from jobs.train import JobConfig
+    from learner.algorithms import AlgorithmConfig, RetireOPDConfig, TCODAlgorithmConfig, switch_algorithm
+
+    retire = "jobs/configs/babyai_retire_tiny.yaml"
+    with pytest.raises(ConfigError, match=r"name=grpo has no opd_lambda \(a knob of joint, retire_opd\), retirement "
+                                          r"\(a knob of retire_opd\); to switch algorithms, give the whole section"):
+        load_config(JobConfig, retire, ["learner.algorithm.name=grpo", "teacher=null"])
+    switched = load_config(JobConfig, retire, ["learner.algorithm={name: grpo}", "teacher=null"])
+    assert type(switched.learner.algorithm) is AlgorithmConfig and switched.learner.algorithm.name == "grpo"
+    config = load_config(JobConfig, retire, ["learner.algorithm.retirement.window=3"])
+    assert isinstance(config.learner.algorithm, RetireOPDConfig) and config.learner.algorithm.retirement.window == 3
+    assert JobConfig.model_validate(config.model_dump(mode="json")) == config
+    with pytest.raises(ValueError, match="configured by TCODAlgorithmConfig"):
+        AlgorithmConfig(name="tcod")
+    tcod = load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml",
+                       ["learner.algorithm.name=tcod", "learner.algorithm.tcod.mode=f2b"]).learner.algorithm
+    assert isinstance(tcod, TCODAlgorithmConfig) and tcod.opd_advantage_clip == 3.0
+    never = switch_algorithm(config.learner.algorithm, "joint", topk_kl_coef=0.0)
+    assert (never.name, never.opd_lambda, never.opd_advantage_clip, never.topk_kl_coef) == ("joint", 0.1, 3.0, 0.0)
+    assert not hasattr(never, "retirement")
+
+
 def test_shipped_job_configs_validate():
     from pathlib import Path
 

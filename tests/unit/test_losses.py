@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from buffer.contracts import Trajectory, Turn
-from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, TokenBatch, group_advantages, select_turns
+from learner.algorithms import (ALGORITHMS, AlgorithmConfig, JointConfig, StageContext, TokenBatch, TurnLevelConfig,
+                                group_advantages, parse_algorithm_config, select_turns)
 
 
 def batch(behaviour, adv=None, teacher=None, mask=None, turn_rewards=None):
@@ -103,15 +104,15 @@ def test_joint_is_grpo_plus_lambda_opd():
     b = batch([[-1.0, -1.0]], adv=[[1.0, 1.0]], teacher=[[0.0, 0.0]])
     g = ALGORITHMS["grpo"].loss(logp, b, AlgorithmConfig(name="grpo")).loss_sum.item()
     o = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd")).loss_sum.item()
-    j = ALGORITHMS["joint"].loss(logp, b, AlgorithmConfig(name="joint", opd_lambda=0.25)).loss_sum.item()
+    j = ALGORITHMS["joint"].loss(logp, b, JointConfig(name="joint", opd_lambda=0.25)).loss_sum.item()
     assert j == pytest.approx(g + 0.25 * o)
-    retired = ALGORITHMS["joint"].loss(logp, batch([[-1.0, -1.0]], adv=[[1.0, 1.0]]), AlgorithmConfig(name="joint", opd_lambda=0))
+    retired = ALGORITHMS["joint"].loss(logp, batch([[-1.0, -1.0]], adv=[[1.0, 1.0]]), JointConfig(name="joint", opd_lambda=0))
     assert retired.loss_sum.item() == pytest.approx(g)  # λ = 0 needs no teacher
 
 
 def test_turn_level_uses_turn_rewards():
     out = ALGORITHMS["turn_level"].loss(torch.tensor([[-1.0, -1.0]]), batch([[-1.0, -1.0]], turn_rewards=[[0.5, -1.0]]),
-                               AlgorithmConfig(name="turn_level"))
+                               TurnLevelConfig(name="turn_level"))
     assert out.loss_sum.item() == pytest.approx(0.5)
 
 
@@ -121,7 +122,7 @@ def traj(tid, outcome, n=3):
 
 
 def run_stages(name: str, trajectories, score=None, **knobs):
-    cfg = AlgorithmConfig(name=name, **knobs)
+    cfg = parse_algorithm_config({"name": name, **knobs})
     ctx = StageContext(worker_index=0, score=score)
     out = trajectories
     for factory in ALGORITHMS[name].group_stages(cfg):

@@ -46,9 +46,9 @@ def test_the_state_survives_a_checkpoint():
 
 
 def test_as_the_algorithms_teacher_schedule_it_measures_the_gap_since_the_last_evaluation():
-    from learner.algorithms import ALGORITHMS, AlgorithmConfig
+    from learner.algorithms import ALGORITHMS, RetireOPDConfig
 
-    cfg = AlgorithmConfig(name="retire_opd", opd_lambda=0.3, topk_kl_coef=0.1,
+    cfg = RetireOPDConfig(name="retire_opd", opd_lambda=0.3, topk_kl_coef=0.1,
                           retirement=RetirementConfig(window=1, gamma=0.0, delta=-1.0))
     measured = []
     schedule = ALGORITHMS["retire_opd"].schedule(cfg, lambda: measured.append(1) or 0.5, None)
