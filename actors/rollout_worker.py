@@ -34,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
 from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
@@ -92,6 +92,18 @@ class RolloutConfig(BaseModel):
     learner before they go stale (docs/architecture.md, "Segments"). For algorithms whose loss
     needs no finished episode (opd, tcod). Costs a re-read of the episode's earlier turns as
     context, by the teacher and by the learner, for each segment."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RolloutConfig":
+        if self.num_envs < self.group_size:
+            raise ValueError(f"rollout.num_envs ({self.num_envs}) must hold one group "
+                             f"(rollout.group_size={self.group_size})")
+        # vLLM rejects a longer prompt with an error, which would fail the worker mid-run (the
+        # teachers' own limits: JobConfig).
+        if self.engine == "vllm" and self.loop.max_context_tokens > self.vllm.max_model_len:
+            raise ValueError(f"rollout.loop.max_context_tokens ({self.loop.max_context_tokens}) must be <= "
+                             f"rollout.vllm.max_model_len ({self.vllm.max_model_len})")
+        return self
 
     @property
     def num_env_actors(self) -> int:

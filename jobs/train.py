@@ -164,23 +164,17 @@ class JobConfig(BaseModel):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
                                  "environment's expert and has no answer for a memory turn; use a model teacher "
                                  "(teacher.backend=hf|vllm|remote) or turn working memory off")
-        if self.buffer.max_staleness < 0:
-            raise ValueError("buffer.max_staleness must be >= 0")
         if self.rollout.segments:
             ALGORITHMS[algorithm.name].segment_stage_factories(algorithm)  # raises for algorithms without them
         rollout = self.rollout
-        # vLLM rejects a longer prompt with an error, which would fail the worker (or the teacher
-        # scoring a whole turn, prompt and response: the same budget) mid-run.
-        contexts = [("rollout.vllm.max_model_len", rollout.vllm.max_model_len)] if rollout.engine == "vllm" else []
+        # vLLM rejects a longer prompt with an error, which would fail the teacher scoring a whole
+        # turn (prompt and response: the rollout's budget) mid-run (the engine's own: RolloutConfig).
         for where, t in [("teacher", self.teacher)] + [(f"teacher_routes[{i}].teacher", r.teacher)
                                                         for i, r in enumerate(self.teacher_routes)]:
             limit = None if t is None else teacher_backend(t.backend).context_limit(t)
-            if limit is not None:
-                contexts.append((f"{where}.{limit[0]}", limit[1]))
-        for where, length in contexts:
-            if rollout.loop.max_context_tokens > length:
+            if limit is not None and rollout.loop.max_context_tokens > limit[1]:
                 raise ValueError(f"rollout.loop.max_context_tokens ({rollout.loop.max_context_tokens}) must be <= "
-                                 f"{where} ({length})")
+                                 f"{where}.{limit[0]} ({limit[1]})")
         env_plan, plan = self.cluster.plan.env, self.cluster.plan
         if env_plan.count and not rollout.env_actors:
             raise ValueError("cluster.plan.env reserves bundles for environment actors but rollout.env_actors is "
@@ -190,9 +184,6 @@ class JobConfig(BaseModel):
             raise ValueError(f"cluster.plan.env.count must be {expected} (rollout workers {plan.rollout.count} x "
                              f"rollout.num_envs {rollout.num_envs} x 2: a set for rollout, one for evaluations), "
                              f"or 0 to leave environment actors unreserved; got {env_plan.count}")
-        if self.rollout.num_envs < self.rollout.group_size:
-            raise ValueError(f"rollout.num_envs ({self.rollout.num_envs}) must hold one group "
-                             f"(rollout.group_size={self.rollout.group_size})")
         return self
 
 

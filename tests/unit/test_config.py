@@ -57,6 +57,7 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
     (["run.max_wall_s=0"], "run.max_wall_s"),
     (["rollout.segments=true", "learner.algorithm.name=joint"], "rollout.segments needs an algorithm without"),
+    (["rollout.num_envs=2"], r"rollout.num_envs \(2\) must hold one group \(rollout.group_size=4\)"),
 ])
 def test_bad_job_configs_name_the_key(overrides, message):
     from jobs.train import JobConfig
