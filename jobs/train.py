@@ -6,16 +6,7 @@
 An optional warm start (jobs.warm_start: SFT on the bot's demonstrations) runs first and
 publishes its weights; then the loop.
 
-The loop and its back-pressure. Rollout workers run on their own from the start: each
-asks the buffer to admit a whole GRPO group before generating it, and admission only has
-room for `(Δmax + v + 1)·B` samples in total at learner version v -- so rollout runs at
-most Δmax versions ahead and never waits for the learner otherwise. Finished groups go
-through the teacher service (while OPD is on) into the buffer. The driver loop is the
-learner's: wait for B fresh samples (the only time the learner waits), one optimizer step
-on every rank, publish the weights (one object-store put; workers load them before their
-next round), tell the buffer the new version (it drops what became too stale), export
-metrics and one log line. Every `eval_every` steps the workers also run a greedy eval;
-every `checkpoint_every` steps, at the end, and on SIGINT/SIGTERM the learner checkpoints.
+The loop and its back-pressure are explained, with a diagram, where they live: jobs/training.py.
 """
 
 from __future__ import annotations
@@ -643,7 +634,8 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
     run.max_failures times; the exit status."""
     import ray
 
-    from jobs.training import NonFiniteTraining, RunStalled, TrainingRun
+    from jobs.recorder import NonFiniteTraining
+    from jobs.training import RunStalled, TrainingRun
     from learner.group import LearnerHung
 
     recoveries, faults = 0, {}

@@ -1,4 +1,27 @@
-"""The pieces of one training run and its driver loop (jobs/train.py explains the loop)."""
+"""One training run: the services it builds, its driver loop, its checkpoints.
+
+The loop (`TrainingRun.loop`) and its back-pressure. Rollout workers run on their own from the
+start; the driver's loop is the learner's:
+
+    rollout worker (each, on its own)             driver: TrainingRun.loop
+    ---------------------------------             ------------------------
+    ask the buffer to admit a whole group         wait for B fresh samples   <- the learner's
+      (room for (Δmax + v - v0 + 1)·B samples       (1 s polls: a stop or a      only wait
+       at learner version v; refused: back off)     dead worker is seen)
+    load the published weights, if newer          one optimizer step on every rank: v += 1
+    generate the group's episodes                 publish the weights (one object-store put;
+    the algorithm's group-end stages                every worker acknowledges)
+      (advantages, teacher / judge scoring)       buffer.set_version(v): drops the too stale
+    put the group into the buffer  ---------->    record, export, one log line (StepRecorder)
+                                                  every eval_every: greedy eval; the
+                                                    algorithm's schedule hook (after_step)
+                                                  every checkpoint_every: checkpoint
+
+Admission bounds the samples in flight, so rollout runs at most Δmax versions ahead and never
+waits for the learner otherwise; the driver publishes before it moves the buffer's version, so
+a group admitted for version v starts on v's weights. On SIGINT/SIGTERM and at the end the
+learner checkpoints.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +29,6 @@ import dataclasses
 import json
 import shutil
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +37,8 @@ import pyarrow.parquet as pq
 
 from cluster.files import write_atomic
 from jobs.config import dump_config
-from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, read_records, running_totals, write_records
+from jobs.recorder import StepRecorder
+from jobs.records import StepRecord, read_records, write_records
 from jobs.tensorboard import TensorBoardLog
 from learner.trainer import PREVIOUS, check_checkpoint
 
@@ -96,15 +119,6 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
     return removed
 
 
-class NonFiniteTraining(RuntimeError):
-    """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
-
-
-FAULT_TOTALS = ("rollout_failed_runs", "teacher_restarts", "env_restarts")
-"""Record totals of restarts in place: a recovery keeps them, although it trains the steps after
-its checkpoint again (their records are replaced)."""
-
-
 class RunStalled(RuntimeError):
     """No sample reached the learner for run.stall_timeout_s."""
 
@@ -151,33 +165,12 @@ class TrainingRun:
         if not self.teacher_active:
             self._give_teacher_bundles_to_rollout()
         self.tensorboard = TensorBoardLog(self.dir / "tensorboard") if config.run.tensorboard else None
-        self._start_counts(faults)
+        self.recorder = StepRecorder(self.metrics, recoveries, faults)
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
         if resume:
             self._resume()
-
-    def _start_counts(self, faults: dict[str, int] | None) -> None:
-        """What the step records are built from and continue (`_record`; a resume restores them)."""
-        self.rows: list[StepRecord] = []
-        self._teacher_pids: list[int] = []
-        """The pid of each teacher service at the last step: a new pid is a restart."""
-        self._failed_runs_seen = 0
-        """The pool's failed-run count at the last step (rows count failures across resumes)."""
-        self._buffer_seen: dict[str, int] = {}
-        """The buffer's counters at the last step."""
-        self._judge_seen: dict[str, int] = {}
-        """The judge's counters at the last step."""
-        self.nonfinite_steps = 0
-        """Learner steps skipped for a non-finite loss or gradient norm (this run and the ones it resumed)."""
-        self.empty_batches = 0
-        """Batches skipped for holding no trainable token."""
-        self._skipped_in_row = 0
-        self.buffer_lost = 0
-        """Samples resident in the buffers that resumes and recoveries replaced (StepRecord.buffer_lost)."""
-        self._faults = dict(faults or {})
-        """FAULT_TOTALS of the replaced run; what its records after the checkpoint held goes into the next record."""
 
     def _start_teachers(self) -> dict[str, Any]:
         """`self.teachers`: one service per teacher bundle, when the algorithm's stages score with a
@@ -258,7 +251,8 @@ class TrainingRun:
             ray.kill(teacher, no_restart=True)
         for teacher in self.teachers:  # gone for good before its bundle is reused
             wait_until_dead(teacher)
-        num_teachers, self.teachers, self._teacher_pids = len(self.teachers), [], []
+        num_teachers, self.teachers = len(self.teachers), []
+        self.recorder.teachers_replaced()
         added = self._give_teacher_bundles_to_rollout()
         print(f"teacher stopped by the {self.config.learner.algorithm.name} schedule at version {self.version}: "
               f"{num_teachers} teacher service(s) stopped, {added} rollout worker(s) started in their place", flush=True)
@@ -273,16 +267,9 @@ class TrainingRun:
         self.warm_steps = int(extra.get("warm_start_steps", 0))
         metrics = self.dir / "metrics.parquet"
         if metrics.exists():
-            self.rows = [r for r in read_records(metrics) if r.version <= self.version]
-            last = self.rows[-1] if self.rows else None
-            self.nonfinite_steps = (last.nonfinite_steps or 0) if last else 0
-            self.empty_batches = (last.empty_batches or 0) if last else 0
-            # What the replaced buffer held at that record is gone; the counts it was part of continue.
-            self.buffer_lost = ((last.buffer_lost or 0) + last.buffer_resident) if last else 0
-        # The steps after the checkpoint are trained again, but the restarts in them did happen.
-        kept = self.rows[-1] if self.rows else None
-        self._faults = {key: max(0, value - ((getattr(kept, key) or 0) if kept else 0))
-                        for key, value in self._faults.items()}
+            self.recorder.restore([r for r in read_records(metrics) if r.version <= self.version])
+        else:
+            self.recorder.restore([])
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if not self.teacher_active:
             print(f"the {self.config.learner.algorithm.name} schedule had stopped the teacher: no teacher service "
@@ -331,7 +318,7 @@ class TrainingRun:
                                 (encoded.policy_versions,))
             stats = self.learner.train(batch, sft, ws.lr)
             if stats["skipped"]:
-                self._skip_step(stats)
+                self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
                 continue
             self.version = int(stats["version"])
             rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
@@ -377,9 +364,8 @@ class TrainingRun:
                     continue
             stats = self.learner.train(batch, self.loss_config(self.version - self.warm_steps))
             if stats["skipped"]:
-                self._skip_step(stats)
+                self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
                 continue
-            self._skipped_in_row = 0
             self.version = int(stats["version"])
             sync = self._publish() if self.version % run.publish_every == 0 else 0.0
             ray.get(self.buffer.set_version.remote(self.version))
@@ -392,7 +378,7 @@ class TrainingRun:
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
             if self.schedule is not None and self.schedule.after_step(self.version, row.reverse_kl, row.eval_success):
                 self._stop_teacher()
-            self.rows.append(row)
+            self.recorder.rows.append(row)
             if self.tensorboard is not None:
                 self.tensorboard.record(row)
             print(self._line(row), flush=True)
@@ -420,7 +406,7 @@ class TrainingRun:
         start = time.perf_counter()
         self.pool.publish_weights(self.learner.publish(), self.version)
         sync = time.perf_counter() - start
-        if not self.rows:
+        if not self.recorder.rows:
             info = self.learner.published
             print(f"weights published in {'/'.join(info['dtypes'])}: {info['num_bytes'] / 2**20:.1f} MiB "
                   f"into the object store, {sync:.2f} s", flush=True)
@@ -441,29 +427,6 @@ class TrainingRun:
             f"{totals['num_groups_delivered']} groups delivered by their current incarnations, buffer "
             f"{int(buffer['num_resident'])} samples resident; checkpointed at {path}")
 
-    def _skip_step(self, stats: dict) -> None:
-        """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm
-        was not finite, or its batch had no trainable token. No publish, no new version; counted
-        (`nonfinite_steps`, `empty_batches`), and run.max_nonfinite_steps skips in a row stop the run."""
-        nonfinite = stats["skipped"] == "nonfinite"
-        if nonfinite:
-            self.nonfinite_steps += 1
-        else:
-            self.empty_batches += 1
-        self._skipped_in_row += 1
-        self.metrics.inc("nonfinite_steps" if nonfinite else "empty_batches", 1)
-        what = (f"loss {stats['loss']} grad_norm {stats['grad_norm']}" if nonfinite
-                else "no trainable token in the batch")
-        limit = self.config.run.max_nonfinite_steps
-        print(f"step skipped at version {self.version}: {what} ({self._skipped_in_row} in a row; "
-              f"{self.nonfinite_steps} non-finite, {self.empty_batches} empty in all)", flush=True)
-        if self._skipped_in_row >= limit:
-            hint = ("lower learner.lr, check the teacher's log-probs" if nonfinite else
-                    "check which turns are trainable (replayed, unselected or untrainable turns carry no loss)")
-            raise NonFiniteTraining(
-                f"{limit} learner steps in a row were skipped (last: {what}) at version {self.version}; {hint}, "
-                f"or raise run.max_nonfinite_steps")
-
     def _wait_for_batch(self, num_samples: int, should_stop: Callable[[], bool]):
         """Up to num_samples fresh samples, gathered in one-second waits so that a stop request
         or a failed rollout worker is seen within a second (not after run.batch_timeout_s)."""
@@ -483,34 +446,6 @@ class TrainingRun:
         return batch
 
     def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> StepRecord:
-        import ray
-
-        buffer = ray.get(self.buffer.stats.remote())
-        worker_stats = self.pool.stats()
-        counts = Counts.sum(worker_stats)
-        # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
-        teachers = ray.get([t.stats.remote() for t in self.teachers])
-        pids = [t["pid"] for t in teachers]
-        teacher_restarts = sum(old != new for old, new in zip(self._teacher_pids, pids))
-        self._teacher_pids = pids
-        # The buffer's counters are its own totals since it started: diff them here (a resumed run
-        # starts a new buffer at 0 while the records' totals continue).
-        buffer_delta = {key: int(buffer[key]) - self._buffer_seen.get(key, 0) for key in BUFFER_COUNTERS}
-        self._buffer_seen = {key: int(buffer[key]) for key in BUFFER_COUNTERS}
-        failed_runs = self.pool.num_failed_runs - self._failed_runs_seen
-        self._failed_runs_seen = self.pool.num_failed_runs
-        faults, self._faults = self._faults, {}
-        failed_runs += faults.get("rollout_failed_runs", 0)
-        teacher_restarts += faults.get("teacher_restarts", 0)
-        counts = dataclasses.replace(counts, num_env_restarts=counts.num_env_restarts + faults.get("env_restarts", 0))
-        previous = self.rows[-1] if self.rows else None
-        totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, wall)
-        judge = {"judged_turns": None, "judge_neutral_turns": None}
-        if self.judge is not None:  # its counters since it started: diffed, as the buffer's
-            now = ray.get(self.judge.stats.remote())
-            for field, key in (("judged_turns", "num_turns_judged"), ("judge_neutral_turns", "num_neutral")):
-                judge[field] = (getattr(previous, field, None) or 0) + now[key] - self._judge_seen.get(key, 0)
-            self._judge_seen = now
         # Defaults for algorithms without λ, a teacher schedule or a horizon curriculum: the student
         # acts for the whole episode.
         max_turns = float(self.config.rollout.loop.max_turns)
@@ -520,62 +455,15 @@ class TrainingRun:
                                           self.version - self.warm_steps),
                   **(self.schedule.gauges() if self.schedule is not None else {})}
         gauges["horizon_k"] = min(gauges["horizon_k"], max_turns)
-        staleness = [self.version - 1 - v for v in versions]
-        record = StepRecord(
-            version=self.version, time=time.time(), loss=stats["loss"], grad_norm=stats["grad_norm"],
-            entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
-            clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
-            reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
-            **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
-                                           "student_logprob_tail")},
-            num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
-            mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
-            learner_step_s=stats["step_s"], learner_idle_s=idle, weight_sync_s=sync, wall_s=wall,
-            buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
-            num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
-            empty_batches=self.empty_batches, buffer_lost=self.buffer_lost, job_recoveries=self.recoveries,
-            **totals, **judge, **gauges)
-        self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
-        return record
-
-    def _export(self, record: StepRecord, counts: Counts, buffer_delta: dict[str, int], failed_runs: int,
-                teacher_restarts: int, teachers: list[dict]) -> None:
-        m = self.metrics
-        m.set("learner_version", record.version)
-        m.set("learner_step_seconds", record.learner_step_s)
-        m.set("learner_idle_seconds", record.learner_idle_s)
-        m.set("weight_sync_seconds", record.weight_sync_s)
-        m.set("buffer_occupancy", record.buffer_occupancy)
-        for s, n in Counter(record.version - 1 - v for v in record.sample_versions).items():
-            m.observe("consumed_staleness", s, n)
-        m.set("rollout_tokens_per_s", record.rollout_tokens_per_s)
-        # Rates over the episodes that finished since the last step; a step without any keeps the
-        # previous values (episodes finish in bursts).
-        if record.format_error_rate is not None:
-            m.set("format_error_rate", record.format_error_rate)
-            m.set("rollout_prompt_tokens_per_turn", record.prompt_tokens_per_turn)
-        m.set("opd_reverse_kl", record.reverse_kl)
-        for name in ("opd_lambda", "teacher_retired", "horizon_k"):
-            m.set(name, getattr(record, name))
-        if teachers:
-            m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
-            m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))
-        m.inc("episodes", counts.num_successes, task_type="all", outcome="success")
-        m.inc("episodes", counts.num_episodes - counts.num_successes, task_type="all", outcome="failure")
-        m.inc("buffer_dropped", buffer_delta["num_dropped_stale"], reason="stale")
-        m.inc("buffer_dropped", buffer_delta["num_evicted"], reason="evicted")
-        m.inc("actor_restarts", teacher_restarts, component="teacher")
-        m.inc("actor_restarts", failed_runs, component="rollout")
-        m.inc("actor_restarts", counts.num_env_restarts, component="env")
+        actors = {"buffer": self.buffer, "pool": self.pool, "teachers": self.teachers, "judge": self.judge}
+        return self.recorder.record(self.version, stats, versions, {"idle": idle, "sync": sync, "wall": wall},
+                                    actors, gauges)
 
     def fault_totals(self) -> dict[str, int]:
         """FAULT_TOTALS as this run's last record has them, plus the rollout failures the pool saw
         since: a recovery carries them over. (Not polled again here: the pool may be half dead;
         a failure it has not seen yet is not counted.)"""
-        last = self.rows[-1] if self.rows else None
-        totals = {key: (getattr(last, key) or 0) if last else 0 for key in FAULT_TOTALS}
-        totals["rollout_failed_runs"] += self.pool.num_failed_runs - self._failed_runs_seen
-        return totals
+        return self.recorder.fault_totals(self.pool.num_failed_runs)
 
     def failure(self, exc: Exception) -> str | None:
         """What went wrong when the run cannot go on with these actors, or None when `exc` is not
@@ -663,8 +551,8 @@ class TrainingRun:
         return Path(path)
 
     def write_metrics(self) -> None:
-        if self.rows:
-            write_records(self.dir / "metrics.parquet", self.rows)
+        if self.recorder.rows:
+            write_records(self.dir / "metrics.parquet", self.recorder.rows)
 
     def close(self, wait: bool = False) -> None:
         """Stop the workers, write the metrics, kill every actor and free the plan's resources;
@@ -688,5 +576,5 @@ class TrainingRun:
                 wait_until_dead(actor)
             for group in self.placement_groups:
                 remove_placement_group(group)
-            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.rows),
+            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.recorder.rows),
                                                                "job_recoveries": self.recoveries}))

@@ -76,19 +76,18 @@ def test_skipped_steps_are_counted_by_reason_and_stop_the_run_after_the_limit_in
 
     import pytest
 
-    from jobs.training import NonFiniteTraining, TrainingRun
+    from jobs.recorder import NonFiniteTraining, StepRecorder
 
     exported = []
-    run = SimpleNamespace(nonfinite_steps=4, empty_batches=1, _skipped_in_row=0, version=7,
-                          metrics=SimpleNamespace(inc=lambda name, amount: exported.append((name, amount))),
-                          config=SimpleNamespace(run=SimpleNamespace(max_nonfinite_steps=3)))
+    recorder = StepRecorder(SimpleNamespace(inc=lambda name, amount: exported.append((name, amount))))
+    recorder.restore([record(6, nonfinite_steps=4, empty_batches=1)])
     nan = {"skipped": "nonfinite", "loss": float("nan"), "grad_norm": float("nan")}
     empty = {"skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0}
-    TrainingRun._skip_step(run, nan)
-    TrainingRun._skip_step(run, empty)
+    recorder.skipped(nan, 7, limit=3)
+    recorder.skipped(empty, 7, limit=3)
     with pytest.raises(NonFiniteTraining, match="3 learner steps in a row were skipped .* at version 7"):
-        TrainingRun._skip_step(run, nan)
-    assert (run.nonfinite_steps, run.empty_batches) == (6, 2)
+        recorder.skipped(nan, 7, limit=3)
+    assert (recorder.nonfinite_steps, recorder.empty_batches) == (6, 2)
     assert exported == [("nonfinite_steps", 1), ("empty_batches", 1), ("nonfinite_steps", 1)]
 
 

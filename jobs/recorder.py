@@ -1,0 +1,187 @@
+"""The step recorder: one `StepRecord` per learner step (docs/architecture.md, "Step records").
+
+Actors count from zero whenever they start (a restarted worker, the new buffer of a resumed or
+recovered run) while a record's totals continue over the whole run, so the recorder keeps what
+it saw at the previous step and turns every source into this step's delta: rollout workers
+report their deltas themselves, the buffer's and the judge's counters are diffed here, and a
+teacher service with a new pid was restarted. A resume or a recovery starts a new recorder from
+the records it keeps (`restore`) and the faults the replaced run counted after them (`faults`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, running_totals
+
+FAULT_TOTALS = ("rollout_failed_runs", "teacher_restarts", "env_restarts")
+"""Record totals of restarts in place: a recovery keeps them, although it trains the steps after
+its checkpoint again (their records are replaced)."""
+
+
+class NonFiniteTraining(RuntimeError):
+    """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
+
+
+class StepRecorder:
+    """Builds, keeps and exports the run's step records."""
+
+    def __init__(self, metrics, recoveries: int = 0, faults: dict[str, int] | None = None) -> None:
+        """`metrics`: the run's MetricsExporter; `recoveries`: the job's recoveries before this run;
+        `faults`: the FAULT_TOTALS the run it replaces had reached."""
+        self.metrics = metrics
+        self.recoveries = recoveries
+        self.rows: list[StepRecord] = []
+        self._teacher_pids: list[int] = []
+        """The pid of each teacher service at the last step: a new pid is a restart."""
+        self._failed_runs_seen = 0
+        """The pool's failed-run count at the last step (rows count failures across resumes)."""
+        self._buffer_seen: dict[str, int] = {}
+        self._judge_seen: dict[str, int] = {}
+        self.nonfinite_steps = 0
+        """Learner steps skipped for a non-finite loss or gradient norm (this run and the ones it resumed)."""
+        self.empty_batches = 0
+        """Batches skipped for holding no trainable token."""
+        self._skipped_in_row = 0
+        self.buffer_lost = 0
+        """Samples resident in the buffers that resumes and recoveries replaced (StepRecord.buffer_lost)."""
+        self._faults = dict(faults or {})
+        """FAULT_TOTALS of the replaced run; what its records after the checkpoint held goes into the next record."""
+
+    def restore(self, rows: list[StepRecord]) -> None:
+        """Go on from the records a checkpoint kept (a resume or a recovery; `rows` end at its version)."""
+        self.rows = list(rows)
+        last = self.rows[-1] if self.rows else None
+        self.nonfinite_steps = (last.nonfinite_steps or 0) if last else 0
+        self.empty_batches = (last.empty_batches or 0) if last else 0
+        # What the replaced buffer held at that record is gone; the counts it was part of continue.
+        self.buffer_lost = ((last.buffer_lost or 0) + last.buffer_resident) if last else 0
+        # The steps after the checkpoint are trained again, but the restarts in them did happen.
+        self._faults = {key: max(0, value - ((getattr(last, key) or 0) if last else 0))
+                        for key, value in self._faults.items()}
+
+    def teachers_replaced(self) -> None:
+        """The teacher services went (a schedule stopped them): none of their pids is a restart."""
+        self._teacher_pids = []
+
+    def skipped(self, stats: dict, version: int, limit: int) -> None:
+        """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm
+        was not finite, or its batch had no trainable token. Counted (`nonfinite_steps`,
+        `empty_batches`); `limit` skips in a row raise NonFiniteTraining."""
+        nonfinite = stats["skipped"] == "nonfinite"
+        if nonfinite:
+            self.nonfinite_steps += 1
+        else:
+            self.empty_batches += 1
+        self._skipped_in_row += 1
+        self.metrics.inc("nonfinite_steps" if nonfinite else "empty_batches", 1)
+        what = (f"loss {stats['loss']} grad_norm {stats['grad_norm']}" if nonfinite
+                else "no trainable token in the batch")
+        print(f"step skipped at version {version}: {what} ({self._skipped_in_row} in a row; "
+              f"{self.nonfinite_steps} non-finite, {self.empty_batches} empty in all)", flush=True)
+        if self._skipped_in_row >= limit:
+            hint = ("lower learner.lr, check the teacher's log-probs" if nonfinite else
+                    "check which turns are trainable (replayed, unselected or untrainable turns carry no loss)")
+            raise NonFiniteTraining(
+                f"{limit} learner steps in a row were skipped (last: {what}) at version {version}; {hint}, "
+                f"or raise run.max_nonfinite_steps")
+
+    def record(self, version: int, stats: dict, versions: list[int], timing: dict[str, float], actors: dict[str, Any],
+               gauges: dict[str, float]) -> StepRecord:
+        """The record of the step that made `version` from the learner's `stats` and the batch's
+        policy `versions`; `timing`: idle, sync and wall seconds; `actors`: the buffer, the
+        pool, the teacher services and the judge (or None) to ask for their counts; `gauges`:
+        the algorithm's (λ, horizon, teacher retired)."""
+        import ray
+
+        self._skipped_in_row = 0
+        pool = actors["pool"]
+        buffer = ray.get(actors["buffer"].stats.remote())
+        worker_stats = pool.stats()
+        counts = Counts.sum(worker_stats)
+        # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
+        teachers = ray.get([t.stats.remote() for t in actors["teachers"]])
+        pids = [t["pid"] for t in teachers]
+        teacher_restarts = sum(old != new for old, new in zip(self._teacher_pids, pids))
+        self._teacher_pids = pids
+        buffer_delta = {key: int(buffer[key]) - self._buffer_seen.get(key, 0) for key in BUFFER_COUNTERS}
+        self._buffer_seen = {key: int(buffer[key]) for key in BUFFER_COUNTERS}
+        failed_runs = pool.num_failed_runs - self._failed_runs_seen
+        self._failed_runs_seen = pool.num_failed_runs
+        faults, self._faults = self._faults, {}
+        failed_runs += faults.get("rollout_failed_runs", 0)
+        teacher_restarts += faults.get("teacher_restarts", 0)
+        counts = dataclasses.replace(counts, num_env_restarts=counts.num_env_restarts + faults.get("env_restarts", 0))
+        previous = self.rows[-1] if self.rows else None
+        totals = running_totals(previous, counts, buffer_delta, failed_runs, teacher_restarts, timing["wall"])
+        staleness = [version - 1 - v for v in versions]
+        record = StepRecord(
+            version=version, time=time.time(), loss=stats["loss"], grad_norm=stats["grad_norm"],
+            entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
+            clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
+            reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
+            **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
+                                           "student_logprob_tail")},
+            num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
+            mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
+            learner_step_s=stats["step_s"], learner_idle_s=timing["idle"], weight_sync_s=timing["sync"],
+            wall_s=timing["wall"], buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
+            num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
+            empty_batches=self.empty_batches, buffer_lost=self.buffer_lost, job_recoveries=self.recoveries,
+            **totals, **self._judge_counts(actors["judge"], previous), **gauges)
+        self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
+        return record
+
+    def _judge_counts(self, judge, previous: StepRecord | None) -> dict[str, int | None]:
+        """The judge's totals: its counters since it started, diffed like the buffer's."""
+        import ray
+
+        counts: dict[str, int | None] = {"judged_turns": None, "judge_neutral_turns": None}
+        if judge is None:
+            return counts
+        now = ray.get(judge.stats.remote())
+        for field, key in (("judged_turns", "num_turns_judged"), ("judge_neutral_turns", "num_neutral")):
+            counts[field] = (getattr(previous, field, None) or 0) + now[key] - self._judge_seen.get(key, 0)
+        self._judge_seen = now
+        return counts
+
+    def _export(self, record: StepRecord, counts: Counts, buffer_delta: dict[str, int], failed_runs: int,
+                teacher_restarts: int, teachers: list[dict]) -> None:
+        m = self.metrics
+        m.set("learner_version", record.version)
+        m.set("learner_step_seconds", record.learner_step_s)
+        m.set("learner_idle_seconds", record.learner_idle_s)
+        m.set("weight_sync_seconds", record.weight_sync_s)
+        m.set("buffer_occupancy", record.buffer_occupancy)
+        for s, n in Counter(record.version - 1 - v for v in record.sample_versions).items():
+            m.observe("consumed_staleness", s, n)
+        m.set("rollout_tokens_per_s", record.rollout_tokens_per_s)
+        # Rates over the episodes that finished since the last step; a step without any keeps the
+        # previous values (episodes finish in bursts).
+        if record.format_error_rate is not None:
+            m.set("format_error_rate", record.format_error_rate)
+            m.set("rollout_prompt_tokens_per_turn", record.prompt_tokens_per_turn)
+        m.set("opd_reverse_kl", record.reverse_kl)
+        for name in ("opd_lambda", "teacher_retired", "horizon_k"):
+            m.set(name, getattr(record, name))
+        if teachers:
+            m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
+            m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))
+        m.inc("episodes", counts.num_successes, task_type="all", outcome="success")
+        m.inc("episodes", counts.num_episodes - counts.num_successes, task_type="all", outcome="failure")
+        m.inc("buffer_dropped", buffer_delta["num_dropped_stale"], reason="stale")
+        m.inc("buffer_dropped", buffer_delta["num_evicted"], reason="evicted")
+        m.inc("actor_restarts", teacher_restarts, component="teacher")
+        m.inc("actor_restarts", failed_runs, component="rollout")
+        m.inc("actor_restarts", counts.num_env_restarts, component="env")
+
+    def fault_totals(self, pool_failed_runs: int) -> dict[str, int]:
+        """FAULT_TOTALS as the last record has them, plus the rollout failures the pool saw since
+        (`pool_failed_runs`: its count now): a recovery carries them over."""
+        last = self.rows[-1] if self.rows else None
+        totals = {key: (getattr(last, key) or 0) if last else 0 for key in FAULT_TOTALS}
+        totals["rollout_failed_runs"] += pool_failed_runs - self._failed_runs_seen
+        return totals
