@@ -2,14 +2,15 @@
 
 At every evaluation step n the driver observes the teacher–student gap K_n (mean sampled-token
 reverse KL on the student's training samples since the previous evaluation) and the student's
-eval success SR_n. Evaluations group into windows of H; for window m, K̄_m and SR_m are the
-window means, and
+eval success SR_n. At each evaluation, window m is the last W evaluations and window m − 1 the
+W before them; K̄ and SR are their means, and
 
     ρ_m = (K̄_m − K̄_{m−1}) / K̄_m          (≥ 0: the gap stopped shrinking)
     η_m = (SR_m + SR_{m−1}) / (2 · SR_T)    (the student reached a share of the teacher's success)
 
-with SR_T the teacher's own success. The teacher retires at the first m ≥ 2 with ρ_m ≥ δ
-and η_m ≥ γ. Retirement is permanent: its version is saved in the checkpoint and a resumed
+with SR_T the teacher's own success. The teacher retires at the first evaluation with two
+windows behind it (the 2W-th on) where ρ_m ≥ δ and η_m ≥ γ: the document evaluates every H = 5
+learner steps and checks the rule from the second monitoring window on. Retirement is permanent: its version is saved in the checkpoint and a resumed
 run never starts the teacher again. Pure Python; the algorithm's `TeacherSchedule`
 (learner/algorithms.py), which the driver calls without knowing RetireOPD.
 """
@@ -26,8 +27,11 @@ class RetirementConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(default=5, ge=1)
-    """H: evaluation steps per monitoring window."""
+    window: int = Field(default=3, ge=1)
+    """W: evaluations per monitoring window; the rule compares the last W evaluations with the W
+    before, at every evaluation from the 2W-th on. The document leaves W open; 3 (15 learner
+    steps at its evaluation every H = 5 steps) lets the rule fire from step 30 on, at any
+    evaluation, so the retirements it reports around steps 50-95 are reachable (docs/algorithms.md §5)."""
     gamma: float = Field(default=0.9, ge=0)
     """γ: share of the teacher's success the student must reach."""
     delta: float = 0.0
@@ -70,27 +74,21 @@ class RetirementController:
     def gauges(self) -> dict[str, float]:
         return {"teacher_retired": float(self.retired_at is not None)}
 
-    def _window(self, values: list[float], m: int) -> float:
-        """Mean of window m (1-based)."""
-        h = self.config.window
-        part = values[(m - 1) * h:m * h]
-        return sum(part) / len(part)
-
     def observe(self, version: int, gap: float, success: float) -> bool:
-        """One evaluation step; True exactly once, when the rule says retire."""
+        """One evaluation step; True exactly once, when the rule says retire. Checked at every
+        evaluation once two windows of `window` evaluations exist (the document's "from the
+        second monitoring window on"): window m is the last `window` evaluations, m - 1 the
+        ones before, so the rule may fire at any evaluation, not only where a window ends."""
         if self.retired_at is not None:
             return False
         self.gaps.append(gap)
         self.successes.append(success)
-        h = self.config.window
-        if len(self.gaps) % h:
+        w = self.config.window
+        if len(self.gaps) < 2 * w:
             return False
-        m = len(self.gaps) // h
-        if m < 2:
-            return False
-        mean_gap, previous_gap = self._window(self.gaps, m), self._window(self.gaps, m - 1)
+        mean_gap, previous_gap = _mean(self.gaps[-w:]), _mean(self.gaps[-2 * w:-w])
         rho = (mean_gap - previous_gap) / mean_gap if mean_gap else float("inf")
-        eta = (self._window(self.successes, m) + self._window(self.successes, m - 1)) / (2 * self.teacher_success)
+        eta = (_mean(self.successes[-w:]) + _mean(self.successes[-2 * w:-w])) / (2 * self.teacher_success)
         if rho >= self.config.delta and eta >= self.config.gamma:
             self.retired_at = version
             return True
@@ -105,6 +103,10 @@ class RetirementController:
         self.retired_at = state["retired_at"]
         self.teacher_success = state["teacher_success"]
         self.since_eval = list(state["since_eval"])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def retirement_schedule(cfg, teacher_success: Callable[[], float], state: dict[str, Any] | None) -> RetirementController:

@@ -26,7 +26,7 @@ def test_the_success_share_and_the_first_window_hold_it_back():
     # The same student retires a teacher whose own success is 0.85: η = 0.8 / 0.85 ≥ 0.9.
     out, _ = decisions([2, 2, 2, 2], [0.8, 0.8, 0.8, 0.8], teacher_success=0.85, window=2)
     assert out == [False, False, False, True]
-    # m = 1 never decides, even when the rule would hold; nor does the middle of a window.
+    # Before two windows exist the rule never decides, even when it would hold.
     out, _ = decisions([2, 2, 2], [1, 1, 1], window=2, gamma=0.0)
     assert out == [False, False, False]
     # δ > 0 asks the gap to grow by that share.
@@ -34,6 +34,20 @@ def test_the_success_share_and_the_first_window_hold_it_back():
     assert not any(out)
     out, _ = decisions([2, 2, 2, 2.6], [1, 1, 1, 1], window=2, delta=0.1)
     assert out[-1]
+
+
+def test_checked_at_every_evaluation_it_retires_at_step_55_as_the_document_can():
+    """Document 001: evaluation every H = 5 learner steps, the rule checked from the second
+    monitoring window on, retirements around steps 50-95. With W = 3 (the default) the gap
+    stops shrinking after step 30 and the student nears the teacher's success (SR_T 0.95): the
+    rule fires at step 55, an evaluation in the middle of what used to be a window (a check only
+    where windows of 3 end, at evaluations 6, 9, 12, would wait until step 60)."""
+    gaps = [8, 6, 4, 3, 2.5, 2.3, 2.3, 2.3, 2.3, 2.3, 2.35, 2.4]
+    successes = [0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 0.85, 0.9, 0.9, 0.92, 0.93, 0.93]
+    controller = RetirementController(RetirementConfig(), teacher_success=0.95)
+    steps = [5 * n for n in range(1, len(gaps) + 1)]
+    fired = [step for step, g, s in zip(steps, gaps, successes) if controller.observe(step, g, s)]
+    assert controller.config.window == 3 and fired == [55] and controller.retired_at == 55
 
 
 def test_the_state_survives_a_checkpoint():
