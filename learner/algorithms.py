@@ -64,7 +64,9 @@ class AlgorithmConfig(BaseModel):
     strength without swamping the tokens that choose the action. The default 5 leaves every
     advantage of a teacher and student that roughly agree (|A| of a few nats) untouched."""
     drop_zero_variance_groups: bool = True
-    """GRPO: groups whose rewards are all equal carry no signal (DAPO)."""
+    """Groups whose rewards are all equal carry no GRPO signal (DAPO): grpo drops them. A loss
+    with a teacher term (joint, retire_opd) never drops a group: such a group's advantage is 0
+    (out of the GRPO term) and its OPD term trains on it."""
 
     @field_validator("name")
     @classmethod
@@ -310,8 +312,9 @@ def group_advantages(trajectories: list[Trajectory], drop_flat: bool) -> list[Tr
     rewards = [t.outcome_reward + t.format_reward for t in trajectories]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    if drop_flat and std < 1e-8:
-        return []
+    if std < 1e-8:
+        # Exactly 0, not the rounding error of the mean over 1e-6.
+        return [] if drop_flat else [dataclasses.replace(t, advantage=0.0) for t in trajectories]
     return [dataclasses.replace(t, advantage=(r - mean) / (std + 1e-6)) for t, r in zip(trajectories, rewards)]
 
 
@@ -332,6 +335,15 @@ def select_turns(trajectory: Trajectory, k: int, seed: int) -> Trajectory:
 def grpo_advantages(trajectories, cfg, ctx):
     """Group advantages; groups without reward variance dropped when `drop_zero_variance_groups`."""
     return group_advantages(trajectories, cfg.drop_zero_variance_groups)
+
+
+@_stage
+def joint_advantages(trajectories, cfg, ctx):
+    """Group advantages for a loss with a teacher term beside GRPO's: no group is dropped. A group
+    without reward variance (all episodes failed, say) has advantage 0, so it is out of the GRPO
+    term only, and its tokens still get the dense OPD term, where the teacher's signal matters
+    most (docs/algorithms.md §3)."""
+    return group_advantages(trajectories, drop_flat=False)
 
 
 @_stage
@@ -466,9 +478,9 @@ register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, jud
                                            config_cls=TurnLevelConfig))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                     gauges=lambda cfg, step: {"opd_lambda": 1.0}, segment_stages=(teacher_scores,)))
-register_algorithm("joint", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
+register_algorithm("joint", Algorithm(joint_loss, (joint_advantages, teacher_scores),
                                       gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}, config_cls=JointConfig))
-register_algorithm("retire_opd", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
+register_algorithm("retire_opd", Algorithm(joint_loss, (joint_advantages, teacher_scores),
                                            gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
                                            schedule=retirement_schedule, config_cls=RetireOPDConfig))
 register_algorithm("sft", Algorithm(sft_loss))

@@ -149,6 +149,23 @@ def test_group_advantages_and_zero_variance_groups():
         run_stages("opd", [traj("a", 1.0)])
 
 
+@pytest.mark.parametrize("name", ["joint", "retire_opd"])
+def test_an_all_fail_group_keeps_its_opd_term_under_the_joint_loss(name):
+    """A group whose episodes all failed carries no GRPO signal; GRPO alone drops it, but under
+    L_GRPO + λ L_OPD it is scored by the teacher and trained on the OPD term alone (advantage 0)."""
+    async def score(trajectories):
+        return [dataclasses.replace(t, group_id="scored") for t in trajectories]
+
+    kept = run_stages(name, [traj("a", -1.0), traj("b", -1.0), traj("c", -1.0)], score=score)
+    assert [t.advantage for t in kept] == [0.0, 0.0, 0.0] and {t.group_id for t in kept} == {"scored"}
+    cfg = parse_algorithm_config({"name": name, "opd_lambda": 0.5})
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    b = batch([[-1.0, -2.0]], teacher=[[-0.5, -1.0]], adv=[[0.0, 0.0]])
+    joint = ALGORITHMS[name].loss(logp, b, cfg).loss_sum
+    opd = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd")).loss_sum
+    assert joint.item() == pytest.approx(0.5 * opd.item()) and joint.item() != 0.0
+
+
 def test_select_turns_is_deterministic():
     t = traj("x", 1.0, n=10)
     a, b = select_turns(t, 4, seed=0), select_turns(t, 4, seed=0)
