@@ -5,6 +5,10 @@
 - gentle: outcome (+10 success by default in that recipe) plus -0.1 at each turn that did
   not parse; those turns still acted through the parser's fallback.
 
+A turn-level reward (turn_level, turn_judge) carries each turn's format term: in strict mode the
+episode's term on every turn (document 000 v2.1/v2.2: one malformed turn costs every turn of the
+episode, the "-1.5" it reports with the failed outcome), in gentle mode the turn's own penalty.
+
 Success always comes from the environment's verifier, never from text matching.
 """
 
@@ -52,7 +56,8 @@ class EpisodeReward:
     format: float
     """Format term summed over the episode."""
     per_turn: tuple[float, ...]
-    """Format reward attributed to each turn, shape [num_turns] (gentle: penalties; strict: zeros)."""
+    """The format term of each turn's turn-level reward, shape [num_turns] (strict: the episode's
+    term on every turn; gentle: the turn's own penalty, which sum to `format`)."""
 
     @property
     def total(self) -> float:
@@ -66,6 +71,6 @@ def episode_reward(config: RewardConfig, success: bool, turn_well_formed: list[b
     if config.format_mode == "strict":
         all_ok = bool(turn_well_formed) and all(turn_well_formed)
         fmt = config.format_ok_reward if all_ok else config.format_bad_reward
-        return EpisodeReward(outcome=outcome, format=fmt, per_turn=tuple(0.0 for _ in turn_well_formed))
+        return EpisodeReward(outcome=outcome, format=fmt, per_turn=tuple(fmt for _ in turn_well_formed))
     per_turn = tuple(0.0 if ok else config.gentle_step_penalty for ok in turn_well_formed)
     return EpisodeReward(outcome=outcome, format=sum(per_turn), per_turn=per_turn)

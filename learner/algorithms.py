@@ -357,6 +357,15 @@ def turn_selection(trajectories, cfg, ctx):
     return [select_turns(t, cfg.turn_level_k, ctx.worker_index) for t in trajectories]
 
 
+@_stage
+def outcome_turn_rewards(trajectories, cfg, ctx):
+    """turn_level without a judge (document 000 v2.3): each trainable turn's reward is the
+    episode's outcome plus the turn's format term (the played episode holds only the latter)."""
+    return [dataclasses.replace(t, turns=tuple(
+        dataclasses.replace(turn, turn_reward=t.outcome_reward + turn.turn_reward) if turn.trainable else turn
+        for turn in t.turns)) for t in trajectories]
+
+
 def teacher_scores(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
     """Teacher log-probs (and top-k) on every turn, from the worker's teacher service."""
     if ctx.score is None:
@@ -472,7 +481,8 @@ def register_algorithm(name: str, algorithm: Algorithm) -> None:
 
 
 register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
-register_algorithm("turn_level", Algorithm(turn_level_loss, (turn_selection, episode_advantages),
+register_algorithm("turn_level", Algorithm(turn_level_loss,
+                                           (turn_selection, outcome_turn_rewards, episode_advantages),
                                            config_cls=TurnLevelConfig))
 register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages),
                                            config_cls=TurnLevelConfig))

@@ -97,7 +97,7 @@ def test_shipped_job_configs_validate():
 
     from jobs.train import JobConfig
 
-    for path in sorted(Path("jobs/configs").glob("*.yaml")):
+    for path in sorted(Path("jobs/configs").glob("*.yaml")) + sorted(Path("jobs/configs/recipes").glob("*.yaml")):
         load_config(JobConfig, path)
 
 
@@ -192,12 +192,16 @@ def test_a_spread_learner_gets_a_strict_spread_group_reserved_first():
     assert ResourcePlan(preset="gpu-8").groups() == [("PACK", ("rollout", "teacher", "learner", "judge", "env"))]
 
 
-@pytest.mark.parametrize("preset", sorted(p.name for p in __import__("pathlib").Path("jobs/configs").glob("*_gpu8.yaml")))
-def test_a_miniature_keeps_the_presets_structure_at_cpu_size(preset):
+GPU_PRESETS = sorted(str(p) for p in [*__import__("pathlib").Path("jobs/configs").glob("*_gpu8.yaml"),
+                                      *__import__("pathlib").Path("jobs/configs/recipes").glob("*.yaml")])
+"""The 8-GPU presets and the documents' recipes (jobs/configs/recipes/)."""
+
+
+@pytest.mark.parametrize("path", GPU_PRESETS)
+def test_a_miniature_keeps_the_presets_structure_at_cpu_size(path):
     from jobs.miniature import miniature
     from jobs.train import JobConfig
 
-    path = f"jobs/configs/{preset}"
     full = load_config(JobConfig, path)
     for gpus in ("cpu", "gpus"):
         mini = load_config(JobConfig, path, ["run.steps=3"],
@@ -335,12 +339,13 @@ def test_a_dry_run_runs_every_check_a_start_makes_and_says_which_it_could_not(ca
     assert status == 2 and "FAILED   teacher (remote): teacher.remote.url http://127.0.0.1:9/v1" in out and "the server does not answer" in out
 
 
-@pytest.mark.parametrize("name", ["babyai_opd_qwen3_gpu8", "babyai_opd_remote_qwen3_gpu8",
-                                  "babyai_turn_judge_qwen3_gpu8"])
-def test_a_gpu8_preset_dry_run_on_this_machine_fails_only_for_its_models_and_gpus(capsys, name, tmp_path):
+@pytest.mark.parametrize("path", ["jobs/configs/babyai_opd_qwen3_gpu8.yaml", "jobs/configs/babyai_opd_remote_qwen3_gpu8.yaml",
+                                  "jobs/configs/babyai_turn_judge_qwen3_gpu8.yaml",
+                                  *sorted(str(p) for p in __import__("pathlib").Path("jobs/configs/recipes").glob("*.yaml"))])
+def test_a_gpu8_preset_dry_run_on_this_machine_fails_only_for_its_models_and_gpus(capsys, path, tmp_path):
     from jobs.train import main
 
-    status = main(["--config", f"jobs/configs/{name}.yaml", "--dry-run", f"run.dir={tmp_path / 'run'}"])
+    status = main(["--config", path, "--dry-run", f"run.dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     failed = [line.strip() for line in out.splitlines() if line.strip().startswith("FAILED")]
     assert status == 2 and "total    " in out and ", 8 GPU" in out

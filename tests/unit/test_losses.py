@@ -149,6 +149,22 @@ def test_group_advantages_and_zero_variance_groups():
         run_stages("opd", [traj("a", 1.0)])
 
 
+def test_turn_level_without_a_judge_trains_each_selected_turn_on_outcome_plus_its_format_term():
+    """Document 000 v2.3 (turn-level, no judge): r = outcome + the turn's format term. Strict
+    format puts the episode's -0.5 on every turn (envs/rewards.py), so a failed episode with a
+    malformed turn gives each of its trained turns the -1.5 the document reports."""
+    from envs.rewards import RewardConfig, episode_reward
+
+    reward = episode_reward(RewardConfig(), success=False, turn_well_formed=[True, False, True, True, True, True])
+    t = traj("a", reward.outcome, n=6)
+    t = dataclasses.replace(t, turns=tuple(dataclasses.replace(turn, turn_reward=r)
+                                           for turn, r in zip(t.turns, reward.per_turn)))
+    (out,) = run_stages("turn_level", [t], turn_level_k=4)
+    trained = [turn.turn_reward for turn in out.turns if turn.trainable]
+    assert trained == [-1.5] * 4
+    assert [turn.turn_reward for turn in out.turns if not turn.trainable] == [-0.5, -0.5]
+
+
 @pytest.mark.parametrize("name", ["joint", "retire_opd"])
 def test_an_all_fail_group_keeps_its_opd_term_under_the_joint_loss(name):
     """A group whose episodes all failed carries no GRPO signal; GRPO alone drops it, but under

@@ -10,7 +10,7 @@ def test_strict_outcome_and_format():
     assert (r.outcome, r.format, r.total) == (1.0, 0.5, 1.5)
     r = episode_reward(cfg, success=False, turn_well_formed=[True, False])
     assert (r.outcome, r.format, r.total) == (-1.0, -0.5, -1.5)
-    assert r.per_turn == (0.0, 0.0)
+    assert r.per_turn == (-0.5, -0.5)  # a turn-level reward carries the episode's format term
 
 
 def test_gentle_penalises_each_bad_turn():
