@@ -25,7 +25,10 @@ def _http(config, model, env):
 
 
 def _served_http(config, url: str, model_name: str):
-    return config.model_copy(update={"http": config.http.model_copy(update={"base_url": url, "model": model_name})})
+    # The episode must fit the served context beside the answer and the rubric.
+    budget = min(config.http.max_episode_tokens, config.serve.max_model_len - config.http.max_tokens - 512)
+    return config.model_copy(update={"http": config.http.model_copy(
+        update={"base_url": url, "model": model_name, "max_episode_tokens": budget})})
 
 
 register_judge_backend("oracle", JudgeBackendEntry(_oracle))

@@ -70,7 +70,51 @@ def test_a_tagged_score_survives_any_text_around_it(before, value, after):
 def test_the_judge_prompt_names_the_turn_and_holds_the_episode_and_rubric():
     system, user = judge_messages("Be fair.", "EPISODE TEXT", 2, 5)
     assert system["role"] == "system" and "Be fair." in system["content"] and "<score>N</score>" in system["content"]
-    assert "EPISODE TEXT" in user["content"] and "Score turn 3 of 5 (the agent's 3rd response)" in user["content"]
+    assert "EPISODE TEXT" in user["content"] and "Score turn 3 of 5 (the agent's 3rd turn, marked" in user["content"]
+
+
+def chat_trajectory(tok, observations, calls, success):
+    """Turns whose prompts are the chat template's rendering of the whole history, as the agent
+    loop renders them: the task, then each call and the tool's answer."""
+    messages = [{"role": "system", "content": "You move in a grid."}, {"role": "user", "content": observations[0]}]
+    turns = []
+    for k, call in enumerate(calls):
+        prompt = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False)
+        response = tuple(tok.encode(f"<think>step {k}</think>{call}<|im_end|>", add_special_tokens=False))
+        turns.append(Turn(k, tuple(prompt), response, tuple(-1.0 for _ in response), 0))
+        messages += [{"role": "assistant", "content": f"<think>step {k}</think>{call}"},
+                     {"role": "tool", "content": observations[k + 1]}]
+    return Trajectory("c", "g", "train", 0, "go_to", tuple(turns), success, 1.0 if success else -1.0, 0.5)
+
+
+def test_the_judge_reads_the_whole_episode_with_its_outcome_and_loses_only_middle_turns():
+    """Document 000's judge reads the whole trajectory with its outcome and scores the marked
+    turn; a long episode loses turns from its middle, never the task, that turn or the outcome."""
+    from judge.http import JUDGED, episode_parts, episode_view, last_message
+
+    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
+    observations = ["Go to the red ball. You see a wall 2 steps forward."] + [f"observation {k}" for k in range(1, 9)]
+    calls = [f"call_{k}" for k in range(8)]
+    t = chat_trajectory(tok, observations, calls, success=True)
+    assert last_message(tok.decode(list(t.turns[3].prompt_ids))) == "observation 3"
+    parts = episode_parts(t, tok)
+    whole = episode_view(parts, judged=2, budget=100_000)
+    for k in range(8):
+        assert f"<think>step {k}</think>call_{k}" in whole and f"--- Turn {k + 1}" in whole
+        assert f"Environment: observation {k + 1}" in whole or k == 7  # the last answer ends the episode
+    assert observations[0] in whole and "You move in a grid." in whole and f"--- Turn 3 {JUDGED} ---" in whole
+    assert whole.rstrip().endswith("Outcome: the episode succeeded after 8 turns (outcome reward +1).")
+    assert whole.count(JUDGED) == 1 and "omitted" not in whole
+    # Room for the task, the outcome, the judged turn and two more: the first and the last stay.
+    budget = parts.head[1] + parts.outcome[1] + parts.steps[5][1] + parts.steps[0][1] + parts.steps[7][1]
+    short = episode_view(parts, judged=5, budget=budget)
+    assert [f"call_{k}" in short for k in range(8)] == [True, False, False, False, False, True, False, True]
+    assert "[... 4 turn(s) omitted ...]" in short and "[... 1 turn(s) omitted ...]" in short
+    assert observations[0] in short and "Outcome: the episode succeeded" in short
+    # Even a budget too small for the essentials keeps them (the server then says what it accepts).
+    tiny = episode_view(parts, judged=5, budget=0)
+    assert "call_5" in tiny and observations[0] in tiny and "Outcome:" in tiny and "[... 5 turn(s) omitted ...]" in tiny
 
 
 def test_reward_mixes_outcome_judge_and_the_turn_format_term(tok):
