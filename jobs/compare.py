@@ -1,0 +1,280 @@
+"""Compare training arms over seeds, with 95% confidence intervals a researcher can quote.
+
+    python -m jobs.compare --config jobs/configs/babyai_opd_tiny.yaml \
+        --arm opd= --arm "grpo=learner.algorithm={name: grpo} teacher=null rollout.group_size=8" \
+        --baseline grpo --seeds 5 --steps 20 --eval-tasks 200 [--out runs/compare] [--warm KEY=VALUE ...]
+
+1. One warm start (the config's `warm_start`, `--warm` overrides to stop it early), exported as a
+   HF directory: every run starts from the same weights.
+2. Arms x seeds runs of `jobs.train` from it: `--steps N` learner steps each (equal steps) or
+   `--wall-s S` seconds each (equal wall clock); seed s sets the rollout's sampling seed and the
+   learner's seed (the task stream is the same for every run). Each run, and then its greedy
+   evaluation on the first `--eval-tasks` tasks of the config's eval split (the same fixed tasks
+   for every run), is one Ray task reserving the run's CPUs and GPUs: on a cluster, runs go in
+   parallel where their resources fit; on 2 cores they queue. A run starts its own embedded Ray
+   node on the machine its task holds.
+3. Per arm: mean eval success over seeds ± the 95% CI (Student's t over the seeds' successes),
+   overall and per task type; per arm, the paired difference with the baseline (seed s against
+   seed s: the same warm start, the same evaluation tasks) ± its CI; learning curves (the runs'
+   own evaluations, `run.eval_every`) with their 95% bands in `curves.png`; `compare.md`,
+   `runs.parquet` (one row per run and evaluation task) and one RESULT line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""The 97.5% quantile of Student's t with 1..30 degrees of freedom."""
+
+
+def t975(df: int) -> float:
+    """Student's t 97.5% quantile; beyond the table, the next tabulated value down (conservative)."""
+    if df < 1:
+        raise ValueError(f"a confidence interval needs at least 2 values (df >= 1), got df={df}")
+    return T975[df - 1] if df <= 30 else 2.000 if df <= 60 else 1.980 if df <= 120 else 1.960
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (t over n - 1 degrees of freedom;
+    NaN for a single value: one run says nothing about run-to-run spread)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t975(n - 1) * sd / math.sqrt(n)
+
+
+def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> tuple[float, float]:
+    """Mean of arm - baseline over the seeds both have, ± its 95% CI."""
+    seeds = sorted(set(arm) & set(baseline))
+    return mean_ci([arm[s] - baseline[s] for s in seeds])
+
+
+def parse_arm(text: str) -> tuple[str, list[str]]:
+    """`name=override override ...` (overrides split like a shell line; empty: the config as it is)."""
+    import shlex
+
+    name, sep, rest = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise ValueError(f"--arm {text!r}: expected NAME=OVERRIDES (NAME a word, OVERRIDES possibly empty)")
+    return name, shlex.split(rest)
+
+
+def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict) -> dict:
+    """One run and its evaluation (the body of a Ray task): the per-task results and the curve."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # an embedded node of its own
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides,
+                    f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    train_s = time.monotonic() - start
+    out = Path(run_dir) / "eval_compare"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evaluate.json").write_text(json.dumps({**eval_config, "model": {**eval_config["model"],
+                                                                              "path": str(Path(run_dir) / "hf")},
+                                                   "output_dir": str(out)}))
+    subprocess.run([sys.executable, "-m", "jobs.evaluate", "--config", str(out / "evaluate.json")], check=True,
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    episodes = pq.read_table(out / "episodes.parquet").to_pylist()
+    rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
+    return {"tasks": [{"seed": e["seed"], "task_type": e["task_type"], "success": bool(e["success"])}
+                      for e in episodes],
+            "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
+            "steps": len(rows), "train_s": train_s}
+
+
+def evaluation_config(job, num_tasks: int) -> dict:
+    """jobs.evaluate's config for the job's environment, loop and eval split (greedy)."""
+    return {"policy": "model", "model": job.model.model_dump(mode="json"), "engine": job.rollout.engine,
+            "env": job.env.model_dump(mode="json"), "loop": job.rollout.loop.model_dump(mode="json"),
+            "sampling": {"temperature": 0.0, "max_new_tokens": job.rollout.sampling.max_new_tokens},
+            "split": job.run.eval_split, "num_tasks": num_tasks, "num_threads": 1}
+
+
+def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
+    """Per arm: success per seed, mean ± CI overall and per task type, and the paired difference
+    with `baseline` (the statistics of the module docstring)."""
+    arms = sorted({arm for arm, _ in results}, key=lambda a: (a != baseline, a))
+    per_seed = {arm: {seed: sum(t["success"] for t in r["tasks"]) / len(r["tasks"])
+                      for (a, seed), r in results.items() if a == arm} for arm in arms}
+    types = sorted({t["task_type"] for r in results.values() for t in r["tasks"]})
+    summary = {}
+    for arm in arms:
+        by_type = {}
+        for task_type in types:
+            rates = [sum(t["success"] for t in r["tasks"] if t["task_type"] == task_type)
+                     / max(1, sum(t["task_type"] == task_type for t in r["tasks"]))
+                     for (a, _), r in results.items() if a == arm]
+            by_type[task_type] = mean_ci(rates)
+        summary[arm] = {"per_seed": per_seed[arm], "overall": mean_ci(list(per_seed[arm].values())),
+                        "by_type": by_type,
+                        "vs_baseline": None if arm == baseline else paired_difference(per_seed[arm], per_seed[baseline])}
+    return summary
+
+
+def _pm(value: tuple[float, float]) -> str:
+    mean, half = value
+    return f"{mean:.3f} ± {half:.3f}" if not math.isnan(half) else f"{mean:.3f} (1 seed: no CI)"
+
+
+def report(summary: dict, baseline: str, header: str) -> str:
+    """The comparison as a Markdown table: overall and per task type, and the paired differences."""
+    arms = list(summary)
+    types = list(next(iter(summary.values()))["by_type"])
+    lines = [header, "", "| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|",
+             "| overall | " + " | ".join(_pm(summary[a]["overall"]) for a in arms) + " |"]
+    lines += [f"| {t} | " + " | ".join(_pm(summary[a]["by_type"][t]) for a in arms) + " |" for t in types]
+    lines += ["", f"Paired difference with `{baseline}` (seed against seed), mean ± 95% CI:", ""]
+    for arm in arms[1:]:
+        mean, half = summary[arm]["vs_baseline"]
+        verdict = "" if math.isnan(half) else (" (above)" if mean - half > 0 else " (below)" if mean + half < 0
+                                                else " (the CI holds 0: no difference shown)")
+        lines.append(f"- {arm} - {baseline}: {mean:+.3f} ± {half:.3f}{verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(results: dict[tuple[str, int], dict], path: Path) -> None:
+    """Eval success against learner version per arm: the mean over seeds and its 95% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in sorted({a for a, _ in results}):
+        by_version: dict[int, list[float]] = {}
+        for (a, _), r in results.items():
+            for version, success in r["curve"] if a == arm else ():
+                by_version.setdefault(version, []).append(success)
+        versions = sorted(v for v, s in by_version.items() if len(s) >= 2)
+        if not versions:
+            continue
+        stats = [mean_ci(by_version[v]) for v in versions]
+        means = [m for m, _ in stats]
+        ax.plot(versions, means, label=arm)
+        ax.fill_between(versions, [m - h for m, h in stats], [m + h for m, h in stats], alpha=0.2)
+    ax.set_xlabel("learner version")
+    ax.set_ylabel("eval success (run's own evaluations)")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="jobs/configs/babyai_opd_tiny.yaml")
+    parser.add_argument("--arm", action="append", default=[], help="NAME=OVERRIDES (repeat; at least two)")
+    parser.add_argument("--baseline", help="the arm the others are compared with (default: the first)")
+    parser.add_argument("--seeds", type=int, default=5)
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, help="learner steps per run (equal steps)")
+    budget.add_argument("--wall-s", type=float, help="seconds per run (equal wall clock)")
+    parser.add_argument("--eval-tasks", type=int, default=200)
+    parser.add_argument("--warm", action="append", default=[], help="KEY=VALUE for the shared warm start only")
+    parser.add_argument("--out", default="runs/compare")
+    parser.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else this machine)")
+    return parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, object]:
+    """The arms, the baseline and the base job config, every arm's config validated before any run."""
+    from jobs.config import ConfigError, load_config
+    from jobs.train import JobConfig
+
+    arms = dict(parse_arm(text) for text in args.arm)
+    if len(arms) < 2 or len(arms) != len(args.arm):
+        raise ValueError(f"--arm: give at least two arms with distinct names, got {args.arm}")
+    baseline = args.baseline or next(iter(arms))
+    if baseline not in arms:
+        raise ValueError(f"--baseline {baseline!r} is not an arm ({list(arms)})")
+    if args.seeds < 2 or args.eval_tasks < 1:
+        raise ValueError("--seeds must be >= 2 (a CI needs two runs) and --eval-tasks >= 1")
+    for name, overrides in arms.items():
+        try:
+            load_config(JobConfig, args.config, overrides)
+        except ConfigError as exc:
+            raise ValueError(f"arm {name}: {exc}") from None
+    return arms, baseline, load_config(JobConfig, args.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    try:
+        arms, baseline, job = _check(args)
+    except ValueError as exc:
+        print(f"jobs.compare: {exc}", file=sys.stderr)
+        return 2
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        from cluster.local import configure_loopback
+
+        configure_loopback()  # before ray is imported (cluster/local.py)
+    import ray
+
+    out = Path(args.out).resolve()
+    warm = out / "warm"
+    if not (warm / "warm_start_hf").exists():
+        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.warm,
+                        f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"], check=True)
+    budget = [f"run.steps={args.steps}"] if args.steps else ["run.steps=1000000", f"run.max_wall_s={args.wall_s}"]
+    common = [f"model.path={warm / 'warm_start_hf'}", "warm_start.num_episodes=0", *budget]
+    plan = job.cluster.plan.needs()
+    run_task = ray.remote(num_cpus=plan.get("CPU", 1), num_gpus=plan.get("GPU", 0), max_retries=0)(run_arm_seed)
+    if address:
+        ray.init(address=address)
+    else:
+        from cluster.local import init_local_ray
+
+        init_local_ray(num_cpus=job.cluster.num_cpus)
+    evaluation = evaluation_config(job, args.eval_tasks)
+    try:
+        pending = {(arm, seed): run_task.remote(args.config, [*common, *overrides, f"rollout.sampling.seed={seed}",
+                                                              f"learner.seed={seed}"],
+                                                str(out / arm / f"seed_{seed}"), evaluation)
+                   for seed in range(args.seeds) for arm, overrides in arms.items()}
+        results = {key: ray.get(ref) for key, ref in pending.items()}
+    finally:
+        ray.shutdown()
+    return _write(results, baseline, args, out)
+
+
+def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path) -> int:
+    summary = summarize(results, baseline)
+    pq.write_table(pa.Table.from_pylist([{"arm": arm, "seed": seed, **task, "steps": r["steps"], "train_s": r["train_s"]}
+                                         for (arm, seed), r in results.items() for task in r["tasks"]]),
+                   out / "runs.parquet")
+    plot_curves(results, out / "curves.png")
+    budget = f"{args.steps} learner steps" if args.steps else f"{args.wall_s:.0f} s of wall clock"
+    header = (f"# {', '.join(summary)}: {args.seeds} seeds each, {budget} per run from one warm start, greedy "
+              f"eval on the first {args.eval_tasks} tasks of the eval split; mean ± 95% CI over seeds")
+    text = report(summary, baseline, header)
+    (out / "compare.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(text + f"curves: {out / 'curves.png'}")
+    fields = [f"baseline={baseline}", f"seeds={args.seeds}", f"eval_tasks={args.eval_tasks}"]
+    for arm, s in summary.items():
+        fields += [f"{arm}_mean={s['overall'][0]:.3f}", f"{arm}_ci95={s['overall'][1]:.3f}"]
+        if s["vs_baseline"] is not None:
+            fields += [f"{arm}_minus_{baseline}={s['vs_baseline'][0]:+.3f}", f"{arm}_minus_{baseline}_ci95="
+                       f"{s['vs_baseline'][1]:.3f}"]
+    print("RESULT " + " ".join(fields))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

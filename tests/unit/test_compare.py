@@ -1,0 +1,57 @@
+"""jobs.compare's statistics on hand-made results (the tool's runs: README's measured comparison)."""
+
+import math
+
+import pytest
+
+from jobs.compare import main, mean_ci, paired_difference, parse_arm, report, summarize, t975
+
+
+def test_the_confidence_interval_is_students_t_over_the_seeds():
+    mean, half = mean_ci([0.5, 0.7, 0.6])  # sd 0.1, n 3: t(2) = 4.303
+    assert mean == pytest.approx(0.6) and half == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert math.isnan(mean_ci([0.4])[1])
+    assert t975(4) == 2.776 and t975(45) == 2.0 and t975(1000) == 1.96
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_the_paired_difference_removes_what_seeds_share():
+    # Both arms vary a lot with the seed, but the arm is always 0.1 above: paired, the CI is 0.
+    arm, base = {0: 0.9, 1: 0.3, 2: 0.6}, {0: 0.8, 1: 0.2, 2: 0.5}
+    mean, half = paired_difference(arm, base)
+    assert mean == pytest.approx(0.1) and half == pytest.approx(0.0, abs=1e-12)
+    assert mean_ci(list(arm.values()))[1] > 0.5  # unpaired, the same data shows nothing
+
+
+def result(successes, types=("go_to", "pick_up")):
+    return {"tasks": [{"seed": i, "task_type": types[i % len(types)], "success": s} for i, s in enumerate(successes)],
+            "curve": [(5, sum(successes) / len(successes))], "steps": 10, "train_s": 1.0}
+
+
+def test_a_summary_and_its_report_say_which_difference_the_seeds_support():
+    results = {("grpo", 0): result([0, 0, 1, 0]), ("grpo", 1): result([0, 1, 0, 0]), ("grpo", 2): result([0, 0, 0, 0]),
+               ("opd", 0): result([1, 1, 1, 0]), ("opd", 1): result([1, 1, 1, 1]), ("opd", 2): result([1, 0, 1, 1]),
+               ("same", 0): result([0, 0, 1, 0]), ("same", 1): result([0, 0, 0, 0]), ("same", 2): result([0, 1, 0, 0])}
+    summary = summarize(results, "grpo")
+    assert list(summary) == ["grpo", "opd", "same"] and summary["grpo"]["vs_baseline"] is None
+    assert summary["opd"]["overall"][0] == pytest.approx(0.8333, abs=1e-3)
+    assert summary["opd"]["by_type"]["go_to"][0] == pytest.approx(1.0)
+    text = report(summary, "grpo", "# header")
+    assert "- opd - grpo: +0.667 ± " in text and "(above)" in text
+    assert "- same - grpo: +0.000 ± " in text and "the CI holds 0" in text
+    assert "| pick_up | " in text
+
+
+def test_arms_are_checked_before_any_run(capsys, tmp_path):
+    assert parse_arm("opd=") == ("opd", [])
+    assert parse_arm("g='learner.algorithm={name: grpo}' teacher=null") == \
+        ("g", ["learner.algorithm={name: grpo}", "teacher=null"])
+    with pytest.raises(ValueError, match="NAME=OVERRIDES"):
+        parse_arm("no equals sign")
+    code = main(["--arm", "opd=", "--arm", "bad=rollout.num_env=3", "--steps", "2",
+                 "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "arm bad: invalid config" in err and "unknown key 'rollout.num_env'" in err
+    assert not any(tmp_path.iterdir())  # nothing ran
+    assert main(["--arm", "opd=", "--steps", "2", "--out", str(tmp_path)]) == 2
