@@ -64,6 +64,8 @@ class TrainSequence:
     shape [num_tokens, k]; None unless every turn has them."""
     teacher_topk_logprobs: tuple[tuple[float, ...], ...] | None = None
     """Their teacher log-probs, 0 where the id is -1, shape [num_tokens, k]."""
+    trajectory_id: str = ""
+    """The episode its turns come from (a sequence holds one episode's turns, or one turn)."""
 
     @property
     def num_tokens(self) -> int:
@@ -102,7 +104,7 @@ def _segments_sequence(token_ids: list[int], segments: list[tuple[int, Sample]])
     return TrainSequence(tuple(token_ids), tuple(mask), tuple(turn), tuple(behaviour),
                          None if teacher is None else tuple(teacher), tuple(version), tuple(advantage),
                          tuple(turn_reward), None if topk_ids is None else tuple(topk_ids),
-                         None if topk_lps is None else tuple(topk_lps))
+                         None if topk_lps is None else tuple(topk_lps), segments[0][1].trajectory_id)
 
 
 def sample_sequence(sample: Sample) -> TrainSequence:

@@ -124,7 +124,7 @@ class StepRecorder:
             clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
             reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
             **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
-                                           "student_logprob_tail")},
+                                           "student_logprob_tail", "reverse_kl_episode")},
             num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=timing["idle"], weight_sync_s=timing["sync"],

@@ -163,6 +163,9 @@ class StepRecord:
     (None in records written before)."""
     job_recoveries: int | None = None
     """Times the job rebuilt its actors from a checkpoint after a failure (run.max_failures)."""
+    reverse_kl_episode: float | None = None
+    """Sampled-token reverse KL summed over each episode's trained tokens in the batch, averaged
+    over the batch's episodes: the trajectory-level quantity document 003 reports (None: nothing scored)."""
 
 
 STEP_SCHEMA = pa.schema([
@@ -186,7 +189,7 @@ STEP_SCHEMA = pa.schema([
     ("student_logprob_head", pa.float64()), ("student_logprob_tail", pa.float64()),
     ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
-    ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()),
+    ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()), ("reverse_kl_episode", pa.float64()),
 ])
 """Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
 

@@ -172,6 +172,8 @@ class TokenBatch:
     """Teacher's top-k candidates for each token, long [N, T, k], -1 where none; None if not scored so."""
     teacher_topk_logprobs: torch.Tensor | None = None
     """Their teacher log-probs, float [N, T, k]."""
+    episode_ids: tuple[str, ...] = ()
+    """The episode (trajectory id) of each row, [N]."""
 
 
 @dataclass

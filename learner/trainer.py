@@ -149,6 +149,7 @@ def collate(sequences: list[TrainSequence], learner_version: int, pad_token_id: 
         staleness=torch.where(versions >= 0, learner_version - versions, torch.zeros_like(versions)),
         turn_index=pad([s.turn_index for s in sequences], -1, torch.long),
         teacher_topk_ids=topk_ids, teacher_topk_logprobs=topk_lps,
+        episode_ids=tuple(s.trajectory_id for s in sequences),
     )
 
 
@@ -217,6 +218,8 @@ class StepSums:
         self.max_staleness = 0.0
         self.kl_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
         self.tokens_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
+        self.kl_by_episode: dict[str, float] = {}
+        """Reverse KL summed over each episode's trained tokens in the batch."""
 
     def add(self, b: TokenBatch, out: LossOutput, entropy: torch.Tensor) -> None:
         sums, mask = self.sums, b.loss_mask
@@ -243,6 +246,10 @@ class StepSums:
         if b.teacher_logprobs is not None:
             gap = (b.behaviour_logprobs - b.teacher_logprobs)[mask].double()
             self.kl_by_turn += torch.bincount(turns, weights=gap, minlength=len(self.kl_by_turn))
+            rows = ((b.behaviour_logprobs - b.teacher_logprobs) * mask).double().sum(-1).tolist()
+            for episode, kl, trained in zip(b.episode_ids, rows, mask.any(-1).tolist()):
+                if trained:
+                    self.kl_by_episode[episode] = self.kl_by_episode.get(episode, 0.0) + kl
 
     def reduce(self, all_sum, all_max) -> dict[str, Any]:
         """Global stats (every rank calls it, in the same order): `loss_sum` and the per-token means."""
@@ -252,12 +259,20 @@ class StepSums:
             dist.all_reduce(self.tokens_by_turn)
         tokens = max(totals["loss_tokens"], 1.0)
         per_turn = zip(self.kl_by_turn.tolist(), self.tokens_by_turn.tolist())
+        # An episode's turns may sit on several ranks (expanded samples): merge by trajectory id.
+        gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, self.kl_by_episode)
+        by_episode: dict[str, float] = {}
+        for part in gathered:
+            for episode, kl in part.items():
+                by_episode[episode] = by_episode.get(episode, 0.0) + kl
         return {
             "loss_sum": totals["loss_sum"],
             **{key: totals[key] / tokens for key in ("entropy", "clip_frac", "mismatch_kl", "reverse_kl", "topk_kl")},
             "mean_staleness": totals["staleness"] / tokens,
             "max_staleness": all_max(self.max_staleness),
             "reverse_kl_by_turn": [kl / n if n else None for kl, n in per_turn],
+            "reverse_kl_episode": sum(by_episode.values()) / len(by_episode) if by_episode else None,
             # None where no token (or none scored).
             **{f"reverse_kl_{part}": totals[f"kl_{part}"] / n if (n := totals[f"scored_{part}_tokens"]) else None
                for part in ("head", "tail")},

@@ -226,6 +226,13 @@ def test_reverse_kl_is_reported_per_turn_index(trajectories):
     assert by_turn == pytest.approx([-1.0] * len(by_turn)) and stats["reverse_kl"] == pytest.approx(-1.0)
     assert stats["reverse_kl_head"] == pytest.approx(-1.0) and stats["reverse_kl_tail"] == pytest.approx(-1.0)
     assert stats["student_logprob_head"] < 0 and stats["student_logprob_tail"] < 0
+    # Trajectory level (document 003): -1 per token summed over each episode, averaged over episodes,
+    # packed or expanded into one sample per turn alike.
+    tokens = [sum(len(t.response_ids) for t in traj.turns if t.trainable) for traj in trajectories[0::2]]
+    expected = -sum(tokens) / len(tokens)
+    assert stats["reverse_kl_episode"] == pytest.approx(expected)
+    unpacked = trainer.train_step(sequences(trajectories[0::2], packing=False))
+    assert unpacked["reverse_kl_episode"] == pytest.approx(expected)
 
 
 def test_response_tail_splits_each_response_of_each_row_in_halves():
