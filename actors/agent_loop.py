@@ -26,7 +26,7 @@ rendered from messages, and the window, not the whole episode, bounds its length
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -480,6 +480,10 @@ def _act(ep: EpisodeState, parser: ToolCallParser, response: Response):
     if response.finish_reason == "context" or ep.stage == "memory":
         return None, Pending(lambda: None)
     parsed = parser.parse(response.text)
+    if parsed.call is None and parser.mode == "gentle":
+        recovered = ep.env.recover(response.text)  # the environment's state may name it (ALFWorld)
+        if recovered is not None:
+            parsed = replace(parsed, call=recovered)
     if parsed.call is None:
         return parsed, Pending(lambda: None)
     return parsed, _submit(ep.env, "step", parsed.call)

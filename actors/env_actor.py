@@ -52,6 +52,10 @@ class _EnvActor:
         self._check(pid)
         return self.env.step(call)
 
+    def recover(self, text: str, pid: int) -> ToolCall | None:
+        self._check(pid)
+        return self.env.recover(text)
+
     def expert_act(self, executed: ToolCall | None, pid: int) -> ToolCall | None:
         self._check(pid)
         if self._expert is None:
@@ -141,6 +145,9 @@ class RemoteEnv:
 
     def submit_step(self, call: ToolCall) -> Pending:
         return self._submit("step", call, self._pid)
+
+    def recover(self, text: str) -> ToolCall | None:
+        return self._get(self.actor.recover.remote(text, self._pid))
 
     def expert(self) -> Expert:
         return _RemoteExpert(self)

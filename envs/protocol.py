@@ -112,3 +112,10 @@ class TextEnv(Protocol):
     def expert(self) -> Expert | None:
         """A fresh expert for the episode just reset, or None when the environment has none."""
         ...
+
+    def recover(self, text: str) -> ToolCall | None:
+        """Gentle format: the call an unparsable response most likely meant, from its text and the
+        episode's state (ALFWorld: the admissible command it names last), or None. Asked only
+        when the parser's own fallback (an argument-free tool named in the tail) found nothing;
+        the turn stays a format error either way."""
+        ...

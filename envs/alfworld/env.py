@@ -52,6 +52,26 @@ ACT_TOOL = {"type": "function", "function": {
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\"")
 
 
+RECOVERY_TAIL_WORDS = 30
+"""Words at the end of an unparsable response searched for an admissible command (the gentle
+recipe's "last 30 tokens")."""
+
+
+def recover_command(text: str, admissible: list[str]) -> str | None:
+    """The admissible command that ends last in the tail of `text` (case and spacing ignored,
+    whole words; of two ending at the same place, the longer: "go to shelf 10" over "shelf 1"'s
+    prefix), or None when the tail names none."""
+    tail = " ".join(re.sub(r"[^\w\s]", " ", text).lower().split()[-RECOVERY_TAIL_WORDS:])
+    best: tuple[int, int, str] | None = None
+    for command in admissible:
+        wanted = " ".join(command.lower().split())
+        for found in re.finditer(rf"(?<!\w){re.escape(wanted)}(?!\w)", tail):
+            key = (found.end(), len(wanted), command)
+            if best is None or key[:2] > best[:2]:
+                best = key
+    return None if best is None else best[2]
+
+
 class AlfWorldConfig(EnvConfig):
     """Where the games are, which task types, what the agent sees."""
 
@@ -234,6 +254,12 @@ class AlfWorldEnv:
         self._done = won or truncated
         return EnvStep(observation=self._observation(feedback), done=self._done, success=won,
                        num_steps=self._steps, truncated=truncated)
+
+    def recover(self, text: str) -> ToolCall | None:
+        """The admissible command the response names last (in its last RECOVERY_TAIL_WORDS words),
+        as `act`: a malformed call still acts, as the gentle recipe does for BabyAI's tool names."""
+        command = recover_command(text, self.admissible)
+        return None if command is None else ToolCall("act", {"command": command})
 
     def expert(self) -> Expert:
         """ALFWorld's hand-coded expert, following the episode just reset."""

@@ -125,6 +125,11 @@ class BabyAITextEnv:
             raise ValueError(f"tool {call.name!r} takes no arguments, got {call.arguments}")
         return self.step_action(action)
 
+    def recover(self, text: str) -> ToolCall | None:
+        """Nothing beyond the parser's fallback: every BabyAI tool is argument-free, so a tool named
+        in the tail is already recovered there."""
+        return None
+
     def expert(self) -> Expert:
         """The BabyAI bot, planning from the episode just reset."""
         from envs.babyai_text.expert import BabyAIExpert

@@ -92,6 +92,40 @@ def test_the_packages_expert_wins_through_the_agent_loop(alfworld_data):
     assert sum(r.success for r in results) >= 5 and all(r.num_format_errors == 0 for r in results)
 
 
+def test_gentle_format_recovers_the_admissible_command_an_unparsable_response_names_last():
+    from envs.alfworld.env import recover_command
+
+    admissible = ["go to shelf 1", "go to shelf 10", "take apple 1 from countertop 1", "look"]
+    assert recover_command("I should <tool_call>{act: Go to  Shelf 10}", admissible) == "go to shelf 10"
+    assert recover_command("take apple 1 from countertop 1, then go to shelf 1.", admissible) == "go to shelf 1"
+    assert recover_command("look first, then take apple 1 from countertop 1", admissible) == \
+        "take apple 1 from countertop 1"
+    assert recover_command("nothing admissible here: go to shelf 7", admissible) is None
+    assert recover_command("go to shelf 1 " + "blah " * 40, admissible) is None  # not in the last 30 words
+
+
+def test_a_gentle_episode_acts_on_the_command_a_malformed_turn_names(alfworld_data):
+    """Through the agent loop: a response that is no tool call at all still acts (the admissible
+    command it names), is a format error, and costs the gentle step penalty."""
+    from actors.agent_loop import Response
+    from envs.rewards import RewardConfig
+
+    env = make_env(parse_env_config({"name": "alfworld", "data_dir": str(alfworld_data), "max_steps": 1}))
+    env.reset(0, "valid_seen")
+    command = next(c for c in env.admissible if c.startswith("go to"))
+    executed, step = [], env.step
+    env.step = lambda call: executed.append(call) or step(call)
+
+    class Sloppy:  # prose that names the command, and no tool call
+        def respond(self, episodes):
+            return [Response(f"<think>the target is there</think> I will {command}") for _ in episodes]
+
+    loop = LoopConfig(max_turns=1, parser_mode="gentle", rewards=RewardConfig.gentle())
+    (result,) = run_episodes(lambda: env, [EpisodeTask("valid_seen", 0)], Sloppy(), loop)
+    assert executed == [ToolCall("act", {"command": command})]
+    assert result.num_format_errors == 1 and result.reward.per_turn == (-0.1,)
+
+
 def test_a_missing_data_directory_is_a_clear_config_error(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     with pytest.raises(ValueError, match=r"\$ALFWORLD_DATA is empty"):
