@@ -63,6 +63,10 @@ class AlgorithmConfig(BaseModel):
     outweighs every other token of the batch; bounded, it still says "less of this" at full
     strength without swamping the tokens that choose the action. The default 5 leaves every
     advantage of a teacher and student that roughly agree (|A| of a few nats) untouched."""
+    opd_format_coef: float = Field(default=0.0, ge=0)
+    """OPD + format reward (document 000 v3.1.2): this times the token's turn format term (strict:
+    the episode's ±0.5 on every turn; gentle: the turn's own -0.1) is added to its OPD advantage,
+    after the bound; 0: off."""
     drop_zero_variance_groups: bool = True
     """Groups whose rewards are all equal carry no GRPO signal (DAPO): grpo drops them. A loss
     with a teacher term (joint, retire_opd) never drops a group: such a group's advantage is 0
@@ -228,6 +232,8 @@ def opd_advantages(batch: TokenBatch, cfg: AlgorithmConfig) -> torch.Tensor:
     adv = cfg.opd_scale * (batch.teacher_logprobs - batch.behaviour_logprobs)
     if cfg.opd_advantage_clip is not None:
         adv = adv.clamp(-cfg.opd_advantage_clip, cfg.opd_advantage_clip)
+    if cfg.opd_format_coef:  # the played episode's turn rewards are its format terms (envs/rewards.py)
+        adv = adv + cfg.opd_format_coef * batch.turn_rewards
     return adv * batch.loss_mask
 
 

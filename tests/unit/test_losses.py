@@ -110,6 +110,16 @@ def test_joint_is_grpo_plus_lambda_opd():
     assert retired.loss_sum.item() == pytest.approx(g)  # λ = 0 needs no teacher
 
 
+def test_opd_with_the_format_reward_adds_the_turn_format_term_to_the_advantage():
+    """Document 000 v3.1.2: OPD + format reward. Teacher and behaviour agree (OPD advantage 0), so
+    the loss is the format term alone: -coef · r_format per token at ratio 1."""
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    b = batch([[-1.0, -1.0]], teacher=[[-1.0, -1.0]], turn_rewards=[[-0.5, -0.5]])
+    assert ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd")).loss_sum.item() == pytest.approx(0.0)
+    out = ALGORITHMS["opd"].loss(logp, b, AlgorithmConfig(name="opd", opd_format_coef=2.0))
+    assert out.loss_sum.item() == pytest.approx(2.0)  # -(2 · -0.5) = 1 on each of the 2 tokens
+
+
 def test_turn_level_uses_turn_rewards():
     out = ALGORITHMS["turn_level"].loss(torch.tensor([[-1.0, -1.0]]), batch([[-1.0, -1.0]], turn_rewards=[[0.5, -1.0]]),
                                TurnLevelConfig(name="turn_level"))
