@@ -36,6 +36,14 @@ class TokenScores:
         """Every log-prob, top-k included, is one (`buffer.contracts.are_logprobs`)."""
         return are_logprobs(self.logprobs) and all(are_logprobs(row) for row in self.topk_logprobs or ())
 
+    @classmethod
+    def unscored(cls, num_tokens: int, top_k: int) -> "TokenScores":
+        """Zeros (and empty top-k rows) for a turn the loss never trains (TCOD-B2F's replayed
+        turns): the teacher is not asked about it; its loss mask keeps the zeros out of the loss."""
+        if not top_k:
+            return cls((0.0,) * num_tokens)
+        return cls((0.0,) * num_tokens, ((-1,) * top_k,) * num_tokens, ((0.0,) * top_k,) * num_tokens)
+
     def slice(self, start: int, stop: int) -> "TokenScores":
         """The scores of response tokens [start, stop)."""
         return TokenScores(self.logprobs[start:stop],

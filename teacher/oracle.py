@@ -121,7 +121,8 @@ class ExpertOracleTeacher:
 
     def score_trajectories(self, trajectories: list[Trajectory], top_k: int = 0) -> list[list[TokenScores]]:
         """Teacher scores per turn of each trajectory."""
-        return [[self.token_scores(turn.response_ids, call, turn.behaviour_logprobs, top_k)
+        return [[self.token_scores(turn.response_ids, call, turn.behaviour_logprobs, top_k) if turn.trainable
+                 else TokenScores.unscored(len(turn.response_ids), top_k)  # replayed (TCOD-B2F): never trained
                  for turn, call in zip(t.turns, self.expert_calls(t))] for t in trajectories]
 
 

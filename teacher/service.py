@@ -92,26 +92,31 @@ class ModelTeacher:
 
     def score_trajectories(self, trajectories: list[Trajectory], top_k: int = 0) -> list[list[TokenScores]]:
         requests: list[ScoreRequest] = []
-        # For each turn: (request index, offset of its response in that request's response).
-        where: list[list[tuple[int, int]]] = []
+        # For each turn: (request index, offset of its response in that request's response), or
+        # None for an untrainable turn before a run's first trainable one (TCOD-B2F's replayed
+        # turns): it is context of the request, never scored.
+        where: list[list[tuple[int, int] | None]] = []
         for t in trajectories:
             prompts = [turn.prompt_ids if self.prompts is None else self.prompts.teacher_prompt(turn.prompt_ids, t)
                        for turn in t.turns]
-            spots: list[tuple[int, int]] = []
+            spots: list[tuple[int, int] | None] = []
             run_start = 0
             for k in range(len(t.turns) + 1):
                 nests = 0 < k < len(t.turns) and _extends(prompts[k], prompts[k - 1] + t.turns[k - 1].response_ids)
                 if k == len(t.turns) or (k > 0 and not nests):
-                    last = k - 1
-                    head = prompts[run_start]
-                    full = prompts[last] + t.turns[last].response_ids
-                    requests.append(ScoreRequest(head, full[len(head):]))
-                    spots.extend((len(requests) - 1, len(prompts[j]) - len(head)) for j in range(run_start, k))
+                    first = next((j for j in range(run_start, k) if t.turns[j].trainable), k)
+                    if first < k:
+                        head, last = prompts[first], k - 1
+                        full = prompts[last] + t.turns[last].response_ids
+                        requests.append(ScoreRequest(head, full[len(head):]))
+                    spots.extend(None if j < first else (len(requests) - 1, len(prompts[j]) - len(prompts[first]))
+                                 for j in range(run_start, k))
                     run_start = k
             where.append(spots)
         scores = self.backend.score(requests, top_k)
-        return [[scores[r].slice(off, off + len(turn.response_ids)) for (r, off), turn in zip(spots, t.turns)]
-                for spots, t in zip(where, trajectories)]
+        return [[TokenScores.unscored(len(turn.response_ids), top_k) if spot is None
+                 else scores[spot[0]].slice(spot[1], spot[1] + len(turn.response_ids))
+                 for spot, turn in zip(spots, t.turns)] for spots, t in zip(where, trajectories)]
 
 
 def _extends(longer: tuple[int, ...], prefix: tuple[int, ...]) -> bool:

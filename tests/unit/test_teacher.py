@@ -382,6 +382,17 @@ def test_nesting_turns_are_scored_in_one_pass_with_the_same_logprobs(tok, model)
     scores = ModelTeacher(backend).score_trajectories([windowed])[0]
     assert len(backend.seen) == 3  # turns 0-1 packed; turn 2 and turn 3 on their own
     assert [len(s.logprobs) for s in scores] == [len(t.response_ids) for t in windowed.turns]
+    # Replayed turns (TCOD-B2F: untrainable, before the student's) are context, never asked about:
+    # the request starts at the first trainable turn, and its scores are the same.
+    replayed = dataclasses.replace(trajs[0], turns=tuple(dataclasses.replace(turn, trainable=k >= 2)
+                                                         for k, turn in enumerate(trajs[0].turns)))
+    scored = ModelTeacher(backend).score_trajectories([replayed], top_k=2)[0]
+    (request,) = backend.seen
+    assert request.prompt_ids == replayed.turns[2].prompt_ids
+    assert scored[0] == TokenScores.unscored(len(replayed.turns[0].response_ids), 2) and scored[1].logprobs == \
+        (0.0,) * len(replayed.turns[1].response_ids)
+    for a, b in zip(scored[2:], packed[0][2:]):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4 and a.topk_ids == b.topk_ids
 
 
 def test_the_service_rejects_non_finite_or_positive_teacher_logprobs_and_counts_them(tok):
