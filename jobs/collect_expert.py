@@ -6,7 +6,9 @@ Runs an expert on tasks `first_seed .. first_seed + num_tasks - 1` of `split`, a
 `max_turns` calls each: the environment's own expert (`policy=expert`, `TextEnv.expert()`: the
 BabyAI bot), or a language model (`policy=model`: an LM teacher, e.g. one jobs.build_teacher
 built, with its privileged context in `loop.privileged`) sampled `num_samples` times per task,
-keeping the first success (pass@N). Writes `expert.parquet` (split, seed, task_type, success,
+keeping the first success (pass@N). `job=JOB.yaml` takes the environment, turn limit and prompt
+from a training job, and, when the job's teacher is a model, samples that teacher with its
+privileged context: document 003's τ* are the teacher's own pass@10 successes. Writes `expert.parquet` (split, seed, task_type, success,
 num_turns, calls as JSON strings) and `manifest.json` (the config, counts, success rate) to
 `output_dir`. Failed tasks are kept and marked: B2F replays only successes and lets the
 student play the rest alone. Use the same `env` section and turn limit as the training job.
@@ -19,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +35,11 @@ from models.loading import ModelConfig
 class CollectExpertConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    job: str | None = None
+    """A training job's config (the TCOD-B2F run's): its `env`, turn limit, prompt and parser are
+    the defaults here, and when its teacher loads a model (hf, vllm), so are `policy=model`, the
+    teacher's weights and privileged context (document 003 replays the teacher's own pass@10
+    successes); with the oracle or no teacher, the environment's expert. Keys set here win."""
     env: EnvSection = Field(default_factory=default_env_config)
     split: str = "train"
     first_seed: int = Field(default=0, ge=0)
@@ -45,13 +52,33 @@ class CollectExpertConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     """The LM expert (policy=model); it must share the student's tokenizer only if it also scores."""
     engine: Literal["hf", "vllm"] = "vllm"
-    num_samples: int = Field(default=8, ge=1)
-    """pass@N of policy=model: attempts per task."""
+    num_samples: int = Field(default=10, ge=1)
+    """pass@N of policy=model: attempts per task (document 003: 10)."""
     sampling: SamplingConfig = SamplingConfig(temperature=1.0, max_new_tokens=48, seed=0)
     loop: LoopConfig = LoopConfig()
     """Prompt, parser and privileged context of policy=model; its turn limit is `max_turns`."""
     batch_size: int = Field(default=32, ge=1)
     """Episodes of policy=model advanced together (one batched generation per turn)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_job(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("job"):
+            return data
+        from jobs.config import load_config
+        from jobs.train import JobConfig
+        from teacher.registry import teacher_backend
+
+        job = load_config(JobConfig, data["job"])
+        loop = job.rollout.loop
+        defaults: dict[str, Any] = {"env": job.env.model_dump(mode="json"), "max_turns": loop.max_turns,
+                                    "engine": job.rollout.engine}
+        loop_defaults = {"prompt": loop.prompt.model_dump(mode="json"), "parser_mode": loop.parser_mode}
+        teacher = job.teacher
+        if teacher is not None and teacher_backend(teacher.backend).loads_model:
+            defaults.update(policy="model", model=teacher.model.model_dump(mode="json"))
+            loop_defaults["privileged"] = teacher.privileged.model_dump(mode="json")
+        return {**defaults, **data, "loop": {**loop_defaults, **data.get("loop", {})}}
 
     @model_validator(mode="after")
     def _one_turn_limit(self) -> "CollectExpertConfig":

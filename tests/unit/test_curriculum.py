@@ -113,3 +113,16 @@ def test_an_lm_expert_keeps_the_first_replayable_success_of_its_n_attempts():
     assert [r["seed"] for r in rows] == [0, 1] and len(ticks) == 2
     with pytest.raises(ValidationError, match="set max_turns only"):
         CollectExpertConfig(max_turns=5, loop=LoopConfig(max_turns=10))
+
+
+def test_tau_star_defaults_to_the_jobs_model_teacher_pass_at_10():
+    """Document 003 replays the teacher's own pass@10 successes: given the B2F job's config,
+    jobs.collect_expert samples that job's model teacher (with its privileged context) in the
+    job's environment and turn limit; with the oracle teacher, the environment's expert."""
+    gpu = CollectExpertConfig(job="jobs/configs/babyai_tcod_qwen3_gpu8.yaml")
+    assert (gpu.policy, gpu.model.path, gpu.num_samples, gpu.max_turns) == ("model", "/models/Qwen3-14B", 10, 20)
+    built = CollectExpertConfig(job="jobs/configs/babyai_retire_qwen3_gpu8.yaml")
+    assert built.policy == "model" and built.loop.privileged.map and built.loop.privileged.skill_bank
+    tiny = CollectExpertConfig(job="jobs/configs/babyai_tcod_tiny.yaml", num_tasks=3)
+    assert tiny.policy == "expert" and tiny.env.room_size == 6 and tiny.max_turns == 10
+    assert CollectExpertConfig(job="jobs/configs/babyai_tcod_qwen3_gpu8.yaml", policy="expert").policy == "expert"
