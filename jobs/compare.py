@@ -16,8 +16,9 @@
 3. Per arm: mean eval success over seeds ± the 95% CI (Student's t over the seeds' successes),
    overall and per task type; per arm, the paired difference with the baseline (seed s against
    seed s: the same warm start, the same evaluation tasks) ± its CI; learning curves (the runs'
-   own evaluations, `run.eval_every`) with their 95% bands in `curves.png`; `compare.md`,
-   `runs.parquet` (one row per run and evaluation task) and one RESULT line.
+   own evaluations, `run.eval_every`) with their 95% bands in `curves.png`; each arm's run wall
+   clock and share of samples dropped stale; `compare.md`, `runs.parquet` (one row per run and
+   evaluation task) and one RESULT line.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: d
     return {"tasks": [{"seed": e["seed"], "task_type": e["task_type"], "success": bool(e["success"])}
                       for e in episodes],
             "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
-            "steps": len(rows), "train_s": train_s}
+            "steps": len(rows), "train_s": train_s,
+            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1)}
 
 
 def evaluation_config(job, num_tasks: int) -> dict:
@@ -119,8 +121,10 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
                      / max(1, sum(t["task_type"] == task_type for t in r["tasks"]))
                      for (a, _), r in results.items() if a == arm]
             by_type[task_type] = mean_ci(rates)
+        runs = [r for (a, _), r in results.items() if a == arm]
         summary[arm] = {"per_seed": per_seed[arm], "overall": mean_ci(list(per_seed[arm].values())),
-                        "by_type": by_type,
+                        "by_type": by_type, "train_s": mean_ci([r["train_s"] for r in runs]),
+                        "stale_frac": mean_ci([r["stale_frac"] for r in runs]),
                         "vs_baseline": None if arm == baseline else paired_difference(per_seed[arm], per_seed[baseline])}
     return summary
 
@@ -137,6 +141,8 @@ def report(summary: dict, baseline: str, header: str) -> str:
     lines = [header, "", "| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|",
              "| overall | " + " | ".join(_pm(summary[a]["overall"]) for a in arms) + " |"]
     lines += [f"| {t} | " + " | ".join(_pm(summary[a]["by_type"][t]) for a in arms) + " |" for t in types]
+    lines += ["| run wall clock (s) | " + " | ".join(_pm(summary[a]["train_s"]) for a in arms) + " |",
+              "| samples dropped stale / put | " + " | ".join(_pm(summary[a]["stale_frac"]) for a in arms) + " |"]
     lines += ["", f"Paired difference with `{baseline}` (seed against seed), mean ± 95% CI:", ""]
     for arm in arms[1:]:
         mean, half = summary[arm]["vs_baseline"]

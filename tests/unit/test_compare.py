@@ -26,7 +26,7 @@ def test_the_paired_difference_removes_what_seeds_share():
 
 def result(successes, types=("go_to", "pick_up")):
     return {"tasks": [{"seed": i, "task_type": types[i % len(types)], "success": s} for i, s in enumerate(successes)],
-            "curve": [(5, sum(successes) / len(successes))], "steps": 10, "train_s": 1.0}
+            "curve": [(5, sum(successes) / len(successes))], "steps": 10, "train_s": 1.0, "stale_frac": 0.25}
 
 
 def test_a_summary_and_its_report_say_which_difference_the_seeds_support():
@@ -40,7 +40,7 @@ def test_a_summary_and_its_report_say_which_difference_the_seeds_support():
     text = report(summary, "grpo", "# header")
     assert "- opd - grpo: +0.667 ± " in text and "(above)" in text
     assert "- same - grpo: +0.000 ± " in text and "the CI holds 0" in text
-    assert "| pick_up | " in text
+    assert "| pick_up | " in text and "| samples dropped stale / put | 0.250 ± 0.000" in text
 
 
 def test_arms_are_checked_before_any_run(capsys, tmp_path):
