@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from cluster.plan import ROLES, RolePlan
+from learner.algorithms import parse_algorithm_config
 from teacher.registry import teacher_backend
 
 MiniatureGpus = Literal["cpu", "gpus"]
@@ -99,10 +100,9 @@ def miniature(data: dict[str, Any], num_cpus: float | None = None, gpus: Miniatu
                         "http": {**data["judge"]["http"], "max_tokens": min(data["judge"]["http"]["max_tokens"], 64)}}
     # A random tiny student fails every episode alike: groups without reward variance carry the
     # whole batch, or GRPO-style algorithms would drop them all and never take a step.
-    algorithm = {**data["learner"]["algorithm"], "drop_zero_variance_groups": False}
-    if "retirement" in algorithm and algorithm["retirement"]["teacher_success"] is None and out["teacher"] is not None \
-            and teacher_backend(out["teacher"]["backend"]).loads_model:
-        algorithm = {**algorithm, "retirement": {**algorithm["retirement"], "teacher_success": 1.0}}
+    model_teacher = out["teacher"] is not None and teacher_backend(out["teacher"]["backend"]).loads_model
+    algorithm = parse_algorithm_config({**data["learner"]["algorithm"], "drop_zero_variance_groups": False})
+    algorithm = algorithm.miniature(model_teacher).model_dump(mode="json")
     out["learner"] = {**data["learner"], "algorithm": algorithm, "warmup_steps": min(data["learner"]["warmup_steps"], 1),
                       "micro_batch_tokens": min(data["learner"]["micro_batch_tokens"], 8192)}
     out["buffer"] = {**data["buffer"], "batch_size": min(data["buffer"]["batch_size"], 2 * num_envs),

@@ -79,6 +79,12 @@ class AlgorithmConfig(BaseModel):
             raise ValueError(f"unknown algorithm {value!r}; known algorithms: {sorted(ALGORITHMS)}")
         return value
 
+    def miniature(self, model_teacher: bool) -> "AlgorithmConfig":
+        """The section for a preset's miniature (jobs/miniature.py), whose tiny teacher (a model
+        one when `model_teacher`) stands in for the preset's: unchanged unless the algorithm
+        needs a fact about that teacher."""
+        return self
+
     @model_validator(mode="after")
     def _own_class(self) -> "AlgorithmConfig":
         expected = ALGORITHMS[self.name].config_cls
@@ -100,6 +106,12 @@ class RetireOPDConfig(JointConfig):
 
     retirement: RetirementConfig = RetirementConfig()
     """When the teacher retires."""
+
+    def miniature(self, model_teacher: bool) -> "RetireOPDConfig":
+        # A tiny model teacher's success is neither built nor measured: the rule needs one.
+        if model_teacher and self.retirement.teacher_success is None:
+            return self.model_copy(update={"retirement": self.retirement.model_copy(update={"teacher_success": 1.0})})
+        return self
 
 
 class TurnLevelConfig(AlgorithmConfig):
@@ -125,6 +137,8 @@ def parse_algorithm_config(value: Any) -> AlgorithmConfig:
         raise ValueError(f"learner.algorithm must be a mapping with a `name` (one of {sorted(ALGORITHMS)}), "
                          f"got {value!r}")
     name = value.get("name", DEFAULT_ALGORITHM)
+    if not isinstance(name, str):
+        raise ValueError(f"learner.algorithm.name must be a string (one of {sorted(ALGORITHMS)}), got {name!r}")
     if name not in ALGORITHMS:
         raise ValueError(f"learner.algorithm.name: unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")
     config_cls = ALGORITHMS[name].config_cls
