@@ -77,18 +77,20 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
 def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict) -> dict:
     """One run and its evaluation (the body of a Ray task): the per-task results and the curve."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # an embedded node of its own
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides,
-                    f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    train_s = time.monotonic() - start
     out = Path(run_dir) / "eval_compare"
     out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(out / "train.log", "w") as log:  # beside the run, not in the comparison's console
+        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides,
+                        f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True, env=env,
+                       stdout=log, stderr=subprocess.STDOUT)
+    train_s = time.monotonic() - start
     (out / "evaluate.json").write_text(json.dumps({**eval_config, "model": {**eval_config["model"],
                                                                               "path": str(Path(run_dir) / "hf")},
                                                    "output_dir": str(out)}))
-    subprocess.run([sys.executable, "-m", "jobs.evaluate", "--config", str(out / "evaluate.json")], check=True,
-                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out / "evaluate.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "jobs.evaluate", "--config", str(out / "evaluate.json")], check=True,
+                       env=env, stdout=log, stderr=subprocess.STDOUT)
     episodes = pq.read_table(out / "episodes.parquet").to_pylist()
     rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
     return {"tasks": [{"seed": e["seed"], "task_type": e["task_type"], "success": bool(e["success"])}
