@@ -5,7 +5,8 @@
         --baseline grpo --seeds 5 --steps 20 --eval-tasks 200 [--out runs/compare] [--warm KEY=VALUE ...]
 
 1. One warm start (the config's `warm_start`, `--warm` overrides to stop it early), exported as a
-   HF directory: every run starts from the same weights.
+   HF directory: every run starts from the same weights, whose own success is measured on the
+   same evaluation tasks (the reference line of the report).
 2. Arms x seeds runs of `jobs.train` from it: `--steps N` learner steps each (equal steps) or
    `--wall-s S` seconds each (equal wall clock); seed s sets the rollout's sampling seed and the
    learner's seed (the task stream is the same for every run). Each run, and then its greedy
@@ -74,27 +75,35 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, shlex.split(rest)
 
 
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # an embedded node of its own
+
+
+def evaluate_model(model_dir: str, eval_config: dict, out: Path) -> list[dict]:
+    """Greedy `jobs.evaluate` of the model in `model_dir`: one row per task (seed, type, success)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evaluate.json").write_text(json.dumps({**eval_config, "model": {**eval_config["model"], "path": model_dir},
+                                                   "output_dir": str(out)}))
+    with open(out / "evaluate.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "jobs.evaluate", "--config", str(out / "evaluate.json")], check=True,
+                       env=_clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    return [{"seed": e["seed"], "task_type": e["task_type"], "success": bool(e["success"])}
+            for e in pq.read_table(out / "episodes.parquet").to_pylist()]
+
+
 def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict) -> dict:
     """One run and its evaluation (the body of a Ray task): the per-task results and the curve."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # an embedded node of its own
     out = Path(run_dir) / "eval_compare"
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(out / "train.log", "w") as log:  # beside the run, not in the comparison's console
         subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides,
-                        f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True, env=env,
-                       stdout=log, stderr=subprocess.STDOUT)
+                        f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True,
+                       env=_clean_env(), stdout=log, stderr=subprocess.STDOUT)
     train_s = time.monotonic() - start
-    (out / "evaluate.json").write_text(json.dumps({**eval_config, "model": {**eval_config["model"],
-                                                                              "path": str(Path(run_dir) / "hf")},
-                                                   "output_dir": str(out)}))
-    with open(out / "evaluate.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "jobs.evaluate", "--config", str(out / "evaluate.json")], check=True,
-                       env=env, stdout=log, stderr=subprocess.STDOUT)
-    episodes = pq.read_table(out / "episodes.parquet").to_pylist()
+    tasks = evaluate_model(str(Path(run_dir) / "hf"), eval_config, out)
     rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
-    return {"tasks": [{"seed": e["seed"], "task_type": e["task_type"], "success": bool(e["success"])}
-                      for e in episodes],
+    return {"tasks": tasks,
             "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
             "steps": len(rows), "train_s": train_s,
             "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1)}
@@ -250,31 +259,37 @@ def main(argv: list[str] | None = None) -> int:
 
         init_local_ray(num_cpus=job.cluster.num_cpus)
     evaluation = evaluation_config(job, args.eval_tasks)
+    evaluate_task = ray.remote(num_cpus=1, max_retries=0)(evaluate_model)
     try:
+        # Where every run starts from, on the same tasks.
+        warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), evaluation, warm / "eval_compare")
         pending = {(arm, seed): run_task.remote(args.config, [*common, *overrides, f"rollout.sampling.seed={seed}",
                                                               f"learner.seed={seed}"],
                                                 str(out / arm / f"seed_{seed}"), evaluation)
                    for seed in range(args.seeds) for arm, overrides in arms.items()}
         results = {key: ray.get(ref) for key, ref in pending.items()}
+        warm_success = sum(t["success"] for t in ray.get(warm_tasks)) / args.eval_tasks
     finally:
         ray.shutdown()
-    return _write(results, baseline, args, out)
+    return _write(results, baseline, args, out, warm_success)
 
 
-def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path) -> int:
+def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, warm_success: float) -> int:
     summary = summarize(results, baseline)
     pq.write_table(pa.Table.from_pylist([{"arm": arm, "seed": seed, **task, "steps": r["steps"], "train_s": r["train_s"]}
                                          for (arm, seed), r in results.items() for task in r["tasks"]]),
                    out / "runs.parquet")
     plot_curves(results, out / "curves.png")
     budget = f"{args.steps} learner steps" if args.steps else f"{args.wall_s:.0f} s of wall clock"
-    header = (f"# {', '.join(summary)}: {args.seeds} seeds each, {budget} per run from one warm start, greedy "
-              f"eval on the first {args.eval_tasks} tasks of the eval split; mean ± 95% CI over seeds")
+    header = (f"# {', '.join(summary)}: {args.seeds} seeds each, {budget} per run from one warm start "
+              f"(itself {warm_success:.3f}), greedy eval on the first {args.eval_tasks} tasks of the eval split; "
+              f"mean ± 95% CI over seeds")
     text = report(summary, baseline, header)
     (out / "compare.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(text + f"curves: {out / 'curves.png'}")
-    fields = [f"baseline={baseline}", f"seeds={args.seeds}", f"eval_tasks={args.eval_tasks}"]
+    fields = [f"baseline={baseline}", f"seeds={args.seeds}", f"eval_tasks={args.eval_tasks}",
+              f"warm_start={warm_success:.3f}"]
     for arm, s in summary.items():
         fields += [f"{arm}_mean={s['overall'][0]:.3f}", f"{arm}_ci95={s['overall'][1]:.3f}"]
         if s["vs_baseline"] is not None:
