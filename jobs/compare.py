@@ -181,7 +181,7 @@ def plot_curves(results: dict[tuple[str, int], dict], path: Path) -> None:
             continue
         stats = [mean_ci(by_version[v]) for v in versions]
         means = [m for m, _ in stats]
-        ax.plot(versions, means, label=arm)
+        ax.plot(versions, means, marker="o", label=arm)
         ax.fill_between(versions, [m - h for m, h in stats], [m + h for m, h in stats], alpha=0.2)
     ax.set_xlabel("learner version")
     ax.set_ylabel("eval success (run's own evaluations)")
@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, warm_success: float) -> int:
     summary = summarize(results, baseline)
-    pq.write_table(pa.Table.from_pylist([{"arm": arm, "seed": seed, **task, "steps": r["steps"], "train_s": r["train_s"]}
+    pq.write_table(pa.Table.from_pylist([{"arm": arm, "run_seed": seed, "task_seed": task["seed"],
+                                          "task_type": task["task_type"], "success": task["success"],
+                                          "steps": r["steps"], "train_s": r["train_s"]}
                                          for (arm, seed), r in results.items() for task in r["tasks"]]),
                    out / "runs.parquet")
     plot_curves(results, out / "curves.png")

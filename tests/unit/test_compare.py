@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from jobs.compare import main, mean_ci, paired_difference, parse_arm, report, summarize, t975
+from jobs.compare import _write, main, mean_ci, paired_difference, parse_arm, report, summarize, t975
 
 
 def test_the_confidence_interval_is_students_t_over_the_seeds():
@@ -55,3 +55,19 @@ def test_arms_are_checked_before_any_run(capsys, tmp_path):
     assert code == 2 and "arm bad: invalid config" in err and "unknown key 'rollout.num_env'" in err
     assert not any(tmp_path.iterdir())  # nothing ran
     assert main(["--arm", "opd=", "--steps", "2", "--out", str(tmp_path)]) == 2
+
+
+def test_the_outputs_keep_every_run_and_task(tmp_path, capsys):
+    from argparse import Namespace
+
+    import pyarrow.parquet as pq
+
+    results = {("grpo", 0): result([0, 1]), ("grpo", 1): result([0, 0]), ("opd", 0): result([1, 1]),
+               ("opd", 1): result([1, 0])}
+    _write(results, "grpo", Namespace(steps=10, wall_s=None, seeds=2, eval_tasks=2), tmp_path, warm_success=0.25)
+    rows = pq.read_table(tmp_path / "runs.parquet").to_pylist()
+    assert sorted((r["arm"], r["run_seed"], r["task_seed"]) for r in rows) == \
+        [(arm, s, t) for arm in ("grpo", "opd") for s in (0, 1) for t in (0, 1)]
+    out = capsys.readouterr().out
+    assert "(itself 0.250)" in (tmp_path / "compare.md").read_text() and (tmp_path / "curves.png").stat().st_size
+    assert out.splitlines()[-1].startswith("RESULT baseline=grpo seeds=2 eval_tasks=2 warm_start=0.250 grpo_mean=0.250")
