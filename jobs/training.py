@@ -266,10 +266,8 @@ class TrainingRun:
         self.version = self.learner.version()
         self.warm_steps = int(extra.get("warm_start_steps", 0))
         metrics = self.dir / "metrics.parquet"
-        if metrics.exists():
-            self.recorder.restore([r for r in read_records(metrics) if r.version <= self.version])
-        else:
-            self.recorder.restore([])
+        kept = [r for r in read_records(metrics) if r.version <= self.version] if metrics.exists() else []
+        self.recorder.restore(kept)
         print(f"resumed from {path} at version {self.version} ({extra})", flush=True)
         if not self.teacher_active:
             print(f"the {self.config.learner.algorithm.name} schedule had stopped the teacher: no teacher service "
