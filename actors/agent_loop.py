@@ -133,6 +133,8 @@ class EpisodeState:
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     success: bool = False
+    score: float | None = None
+    """The environment's latest partial credit in [0, 1] (`EnvStep.score`); None where it grades none."""
     truncated: str | None = None
     """Why the episode was cut short by the loop: 'max_turns' or 'context'; None otherwise."""
     policy_state: Any = None
@@ -508,7 +510,7 @@ def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None,
     observation = ep.observation
     if step is not None:
         observation = step.observation
-        ep.done, ep.success = step.done, step.success
+        ep.done, ep.success, ep.score = step.done, step.success, step.score
     ep.history.append(HistoryTurn(response_text=response.text, call=parsed.call, error=parsed.error,
                                   think=parsed.think, observation=observation))
     if response.prompt_ids is not None:
@@ -527,7 +529,7 @@ def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None,
 
 def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
     well_formed = ep.well_formed
-    reward = episode_reward(rewards, ep.success, well_formed)
+    reward = episode_reward(rewards, ep.success, well_formed, score=ep.score)
     trajectory = None
     if ep.turns:
         turns = tuple(Turn(**{**t.__dict__, "turn_reward": r}) for t, r in zip(ep.turns, reward.per_turn))

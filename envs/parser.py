@@ -166,3 +166,23 @@ def format_tool_call(call: ToolCall) -> str:
 
 def _err(reason: FormatReason, detail: str) -> FormatError:
     return FormatError(reason=reason, detail=detail)
+
+
+RECOVERY_TAIL_WORDS = 30
+"""Words at the end of an unparsable response searched for an admissible command (the gentle
+recipe's "last 30 tokens")."""
+
+
+def recover_command(text: str, admissible: list[str]) -> str | None:
+    """The admissible command that ends last in the tail of `text` (case and spacing ignored,
+    whole words; of two ending at the same place, the longer: "go to shelf 10" over "shelf 1"'s
+    prefix), or None when the tail names none."""
+    tail = " ".join(re.sub(r"[^\w\s]", " ", text).lower().split()[-RECOVERY_TAIL_WORDS:])
+    best: tuple[int, int, str] | None = None
+    for command in admissible:
+        wanted = " ".join(command.lower().split())
+        for found in re.finditer(rf"(?<!\w){re.escape(wanted)}(?!\w)", tail):
+            key = (found.end(), len(wanted), command)
+            if best is None or key[:2] > best[:2]:
+                best = key
+    return None if best is None else best[2]

@@ -61,6 +61,10 @@ class EnvStep:
     """Environment steps taken so far in this episode."""
     truncated: bool = False
     """True when the episode ended because the step limit was reached."""
+    score: float | None = None
+    """Partial credit in [0, 1] from an environment that grades progress (ScienceWorld's 0-100
+    score / 100); None where only success counts. The outcome reward interpolates with it
+    (envs.rewards.episode_reward)."""
 
 
 class EnvCrashed(RuntimeError):

@@ -22,7 +22,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
 from envs.protocol import TextEnv
 
 DEFAULT_ENV = "babyai_text"
-BUILTIN_ENVS: dict[str, str] = {"babyai_text": "envs.babyai_text", "alfworld": "envs.alfworld"}
+BUILTIN_ENVS: dict[str, str] = {"babyai_text": "envs.babyai_text", "alfworld": "envs.alfworld",
+                                 "scienceworld": "envs.scienceworld"}
 """Registered environments that ship with the project -> the module that registers each (imported on first use)."""
 
 

@@ -9,7 +9,9 @@ A turn-level reward (turn_level, turn_judge) carries each turn's format term: in
 episode's term on every turn (document 000 v2.1/v2.2: one malformed turn costs every turn of the
 episode, the "-1.5" it reports with the failed outcome), in gentle mode the turn's own penalty.
 
-Success always comes from the environment's verifier, never from text matching.
+Success always comes from the environment's verifier, never from text matching. An environment
+that grades progress (ScienceWorld's 0-100 score) moves a failed episode's outcome linearly from
+the failure reward (score 0) towards the success reward (score 100).
 """
 
 from __future__ import annotations
@@ -65,9 +67,18 @@ class EpisodeReward:
         return self.outcome + self.format
 
 
-def episode_reward(config: RewardConfig, success: bool, turn_well_formed: list[bool]) -> EpisodeReward:
-    """Rewards for an episode given success and, per turn, whether the response parsed."""
+def episode_reward(config: RewardConfig, success: bool, turn_well_formed: list[bool],
+                   score: float | None = None) -> EpisodeReward:
+    """Rewards for an episode given success and, per turn, whether the response parsed.
+
+    `score`: the environment's partial credit in [0, 1] (ScienceWorld), None where it grades
+    none. An unfinished task's outcome then lies between `failure_reward` (score 0) and
+    `success_reward` (score 1) in proportion; success itself always gives `success_reward`."""
+    if score is not None and not 0.0 <= score <= 1.0:
+        raise ValueError(f"an environment's score must lie in [0, 1], got {score}")
     outcome = config.success_reward if success else config.failure_reward
+    if score is not None and not success:
+        outcome += (config.success_reward - config.failure_reward) * score
     if config.format_mode == "strict":
         all_ok = bool(turn_well_formed) and all(turn_well_formed)
         fmt = config.format_ok_reward if all_ok else config.format_bad_reward

@@ -53,3 +53,13 @@ def alfworld_data(tmp_path_factory) -> Path:
     with tarfile.open(ALFWORLD_ARCHIVE) as archive:
         archive.extractall(root, filter="data")
     return root / "alfworld"
+
+
+@pytest.fixture(scope="session")
+def scienceworld_ready() -> None:
+    """ScienceWorld needs its extra and a Java runtime; CI has both (.ci/run installs them)."""
+    import shutil
+
+    pytest.importorskip("scienceworld", reason="needs the scienceworld extra (pip install -e '.[scienceworld]'; CI installs it)")
+    if shutil.which("java") is None:
+        pytest.skip("ScienceWorld needs a Java runtime (>= 8) on PATH: cluster/ensure_java.sh installs one")

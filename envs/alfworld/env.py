@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from cluster.files import default_cache_dir
+from envs.parser import recover_command
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
 
@@ -50,26 +51,6 @@ ACT_TOOL = {"type": "function", "function": {
                    "required": ["command"]}}}
 
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\"")
-
-
-RECOVERY_TAIL_WORDS = 30
-"""Words at the end of an unparsable response searched for an admissible command (the gentle
-recipe's "last 30 tokens")."""
-
-
-def recover_command(text: str, admissible: list[str]) -> str | None:
-    """The admissible command that ends last in the tail of `text` (case and spacing ignored,
-    whole words; of two ending at the same place, the longer: "go to shelf 10" over "shelf 1"'s
-    prefix), or None when the tail names none."""
-    tail = " ".join(re.sub(r"[^\w\s]", " ", text).lower().split()[-RECOVERY_TAIL_WORDS:])
-    best: tuple[int, int, str] | None = None
-    for command in admissible:
-        wanted = " ".join(command.lower().split())
-        for found in re.finditer(rf"(?<!\w){re.escape(wanted)}(?!\w)", tail):
-            key = (found.end(), len(wanted), command)
-            if best is None or key[:2] > best[:2]:
-                best = key
-    return None if best is None else best[2]
 
 
 class AlfWorldConfig(EnvConfig):
@@ -256,7 +237,7 @@ class AlfWorldEnv:
                        num_steps=self._steps, truncated=truncated)
 
     def recover(self, text: str) -> ToolCall | None:
-        """The admissible command the response names last (in its last RECOVERY_TAIL_WORDS words),
+        """The admissible command the response names last (in its last `envs.parser.RECOVERY_TAIL_WORDS` words),
         as `act`: a malformed call still acts, as the gentle recipe does for BabyAI's tool names."""
         command = recover_command(text, self.admissible)
         return None if command is None else ToolCall("act", {"command": command})

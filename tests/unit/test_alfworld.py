@@ -93,7 +93,7 @@ def test_the_packages_expert_wins_through_the_agent_loop(alfworld_data):
 
 
 def test_gentle_format_recovers_the_admissible_command_an_unparsable_response_names_last():
-    from envs.alfworld.env import recover_command
+    from envs.parser import recover_command
 
     admissible = ["go to shelf 1", "go to shelf 10", "take apple 1 from countertop 1", "look"]
     assert recover_command("I should <tool_call>{act: Go to  Shelf 10}", admissible) == "go to shelf 10"
