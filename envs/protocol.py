@@ -2,7 +2,8 @@
 
 An environment is driven by tool calls and answers with text. It is deterministic for a
 (split, seed) pair, so a trajectory can always be replayed from its task id and actions
-(the oracle teacher and TCOD-B2F rely on this).
+(the oracle teacher and TCOD-B2F rely on this). ScienceWorld's text is deterministic up to the
+order in which it lists a container's contents (hash order); its world and answers are not.
 """
 
 from __future__ import annotations

@@ -219,3 +219,58 @@ def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfwor
     assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, job.output
     assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
                                   + last["buffer_resident"])
+
+
+def java_processes(pid: int) -> dict[int, psutil.Process]:
+    """The ScienceWorld JVMs under a job (its Ray processes are its descendants)."""
+    found = {}
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "scienceworld" in " ".join(child.cmdline()) and "java" in child.name():
+                found[child.pid] = child
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.scienceworld
+def test_a_scienceworld_run_survives_a_killed_environment_actor_and_leaves_no_jvm(tmp_path, scienceworld_ready):
+    """ScienceWorld in environment actors (a JVM each, started once, reset per episode) with the
+    gold-path expert as oracle teacher: SIGKILL of one rollout environment actor mid-run takes its
+    JVM with it (the JVM watches its parent), Ray restarts the actor, its episode starts over and
+    none is stored twice; every listener (py4j's included) is on loopback; after the job no JVM it
+    started is left."""
+    run_dir, port = tmp_path / "run", free_port()
+    job = Job("--config", "jobs/configs/scienceworld_opd_tiny.yaml", "model.path=tiny:nano", "rollout.num_envs=2",
+              "cluster.plan.env.count=4", "rollout.loop.max_turns=4", "rollout.sampling.max_new_tokens=16",
+              "buffer.batch_size=4", "warm_start.num_episodes=0", "run.steps=4", "run.eval_every=4",
+              "run.eval_tasks=2", f"run.dir={run_dir}", f"run.metrics_port={port}", *IN_PROCESS)
+    job.wait_for("step    1 ", timeout_s=400)
+    assert_loopback_only(listening_addresses(job.proc.pid), port)
+    jvms = java_processes(job.proc.pid)
+    assert len(jvms) >= 2, jvms  # the rollout set's JVMs (evaluations start theirs later)
+    before = set(jvms)
+    job.kill_actor("_EnvActor")
+    deadline = time.monotonic() + 30
+    while before <= {pid for pid, proc in jvms.items() if alive(proc)}:
+        assert time.monotonic() < deadline, "no JVM exited after its actor was killed"
+        time.sleep(0.5)
+    jvms |= java_processes(job.proc.pid)
+    assert job.finish(timeout_s=400) == 0, job.output
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    last = rows[-1]
+    assert len(rows) == 4 and all(r["num_loss_tokens"] > 0 for r in rows) and last["eval_success"] is not None
+    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, job.output
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"])
+    deadline = time.monotonic() + 30
+    while any(alive(proc) for proc in jvms.values()):
+        assert time.monotonic() < deadline, [pid for pid, proc in jvms.items() if alive(proc)]
+        time.sleep(0.5)

@@ -344,6 +344,7 @@ def test_a_dry_run_runs_every_check_a_start_makes_and_says_which_it_could_not(ca
 
 @pytest.mark.parametrize("path", ["jobs/configs/babyai_opd_qwen3_gpu8.yaml", "jobs/configs/babyai_opd_remote_qwen3_gpu8.yaml",
                                   "jobs/configs/babyai_turn_judge_qwen3_gpu8.yaml",
+                                  "jobs/configs/scienceworld_tcod_qwen3_gpu8.yaml",
                                   *sorted(str(p) for p in __import__("pathlib").Path("jobs/configs/recipes").glob("*.yaml"))])
 def test_a_gpu8_preset_dry_run_on_this_machine_fails_only_for_its_models_and_gpus(capsys, path, tmp_path):
     from jobs.train import main

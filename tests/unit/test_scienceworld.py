@@ -102,13 +102,16 @@ def test_the_step_limit_truncates_and_the_valid_command_listing(scienceworld_rea
         env.close()
 
 
-def test_an_episode_is_the_same_on_every_replay(env):
-    commands = ["look around", "open door to hallway", "go to hallway", "look around"]
+def test_an_episode_is_the_same_on_every_replay_but_for_the_order_of_listed_contents(env):
+    """The simulator lists a container's contents in hash order, which changes between resets:
+    the same world and answers, the lines not always in the same order."""
+    commands = ["look around", "open door to hallway", "go to hallway", "look around", "focus on air"]
     plays = []
     for _ in range(2):
         observations = [env.reset(5, "test").observation]
-        observations += [env.step(act(c)).observation for c in commands]
-        plays.append(observations)
+        steps = [env.step(act(c)) for c in commands]
+        observations += [s.observation for s in steps]
+        plays.append(([sorted(o.split("\n")) for o in observations], [(s.done, s.score) for s in steps]))
     assert plays[0] == plays[1]
 
 
@@ -129,10 +132,13 @@ def test_the_expert_repeats_its_advice_after_a_detour_and_needs_a_fresh_reset(en
     assert first == act(expert.gold[0])
     assert expert.act(act("look around")) == first  # a detour: same advice
     assert expert.act(first) == act(expert.gold[1])  # followed: the next step
+    env.reset(3, "dev")
     env.step(act("look around"))
-    env._gold = None
     with pytest.raises(RuntimeError, match="right after reset"):
-        env.expert()
+        env.expert()  # the gold path of a task not asked for before needs a reload
+    env.reset(2, "dev")
+    env.step(act("look around"))
+    assert env.expert().gold == expert.gold  # kept from the first time
 
 
 def test_a_failed_task_scores_zero_and_partial_progress_moves_the_outcome(env):
