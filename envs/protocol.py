@@ -1,9 +1,9 @@
-"""The `TextEnv` seam: every text environment (BabyAI-Text, ALFWorld) implements this.
+"""The `TextEnv` seam: every text environment (BabyAI-Text, ALFWorld, ScienceWorld) implements this.
 
 An environment is driven by tool calls and answers with text. It is deterministic for a
 (split, seed) pair, so a trajectory can always be replayed from its task id and actions
-(the oracle teacher and TCOD-B2F rely on this). ScienceWorld's text is deterministic up to the
-order in which it lists a container's contents (hash order); its world and answers are not.
+(the oracle teacher and TCOD-B2F rely on this). ScienceWorld's world and answers are too; only
+the order in which its text lists a container's contents can change (hash order).
 """
 
 from __future__ import annotations
