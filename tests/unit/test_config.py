@@ -210,7 +210,10 @@ def test_a_miniature_keeps_the_presets_structure_at_cpu_size(path):
         assert mini.run.steps == 3  # the command line wins over the miniature
         for role in ("rollout", "teacher", "learner", "judge", "env"):
             before, after = getattr(full.cluster.plan, role), getattr(mini.cluster.plan, role)
-            assert after.count == before.count and after.reserves == before.reserves, role
+            # Environment actors follow the miniature's smaller num_envs (two sets per worker).
+            count = mini.cluster.plan.rollout.count * mini.rollout.num_envs * 2 if role == "env" and before.count \
+                else before.count
+            assert after.count == count and after.reserves == before.reserves, role
             assert after.gpus == (before.gpus if gpus == "gpus" else 0.0), role
         assert mini.cluster.plan.needs()["CPU"] <= 2 * 0.9 + 1e-9
         assert mini.model.path == "tiny:nano" and mini.model.dtype == full.model.dtype == "bfloat16"
