@@ -2,8 +2,9 @@
 
 An environment is driven by tool calls and answers with text. It is deterministic for a
 (split, seed) pair, so a trajectory can always be replayed from its task id and actions
-(the oracle teacher and TCOD-B2F rely on this). ScienceWorld's world and answers are too; only
-the order in which its text lists a container's contents can change (hash order).
+(the oracle teacher and TCOD-B2F rely on this). ScienceWorld comes close (docs/scienceworld.md):
+the order of a listing, the expert's choice among equivalent objects and an electrical circuit's
+completion (one step apart) can differ between two of its processes.
 """
 
 from __future__ import annotations
