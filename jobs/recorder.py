@@ -124,7 +124,8 @@ class StepRecorder:
             clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
             reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
             **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
-                                           "student_logprob_tail", "reverse_kl_episode")},
+                                           "student_logprob_tail", "reverse_kl_episode", "ratio_mean", "ratio_max",
+                                           "masked_frac", "truncated_frac")},
             num_loss_tokens=int(stats["num_loss_tokens"]), max_staleness=max(staleness, default=0),
             mean_staleness=sum(staleness) / max(len(staleness), 1), sample_versions=versions,
             learner_step_s=stats["step_s"], learner_idle_s=timing["idle"], weight_sync_s=timing["sync"],
@@ -165,6 +166,8 @@ class StepRecorder:
             m.set("format_error_rate", record.format_error_rate)
             m.set("rollout_prompt_tokens_per_turn", record.prompt_tokens_per_turn)
         m.set("opd_reverse_kl", record.reverse_kl)
+        for name in ("mismatch_kl", "ratio_mean", "ratio_max", "masked_frac", "truncated_frac"):
+            m.set(f"learner_{name}", getattr(record, name))
         for name in ("opd_lambda", "teacher_retired", "horizon_k"):
             m.set(name, getattr(record, name))
         if teachers:

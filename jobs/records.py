@@ -166,6 +166,14 @@ class StepRecord:
     reverse_kl_episode: float | None = None
     """Sampled-token reverse KL summed over each episode's trained tokens in the batch, averaged
     over the batch's episodes: the trajectory-level quantity document 003 reports (None: nothing scored)."""
+    ratio_mean: float | None = None
+    """Mean importance ratio pi_theta/mu over the trained tokens (None in records written before)."""
+    ratio_max: float | None = None
+    """Largest importance ratio pi_theta/mu of a trained token."""
+    masked_frac: float | None = None
+    """Share of trained tokens the mismatch masks left out (seq_mask_band, token_mask_band)."""
+    truncated_frac: float | None = None
+    """Share of trained tokens whose ratio (or, decoupled, behaviour weight) tis_cap truncated."""
 
 
 STEP_SCHEMA = pa.schema([
@@ -190,6 +198,8 @@ STEP_SCHEMA = pa.schema([
     ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
     ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()), ("reverse_kl_episode", pa.float64()),
+    ("ratio_mean", pa.float64()), ("ratio_max", pa.float64()), ("masked_frac", pa.float64()),
+    ("truncated_frac", pa.float64()),
 ])
 """Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
 

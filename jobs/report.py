@@ -12,6 +12,8 @@ the single run's directory, or ./report for several):
     train.png          train success and format-error rate of the episodes finished per step
     kl.png             sampled-token reverse KL(student || teacher) and top-k forward KL
     kl_by_turn.png     reverse KL by turn index (rows) over versions (columns), one panel per run
+    mismatch.png       learner vs engine on the trained tokens: k3 KL, importance ratio mean and
+                       max, shares masked and truncated by the corrections
     staleness.png      consumed samples by staleness (learner version - sample version)
     throughput.png     rollout tokens/s
     learner_time.png   learner step, wait-for-data and weight-sync seconds per step
@@ -31,7 +33,7 @@ import pyarrow.parquet as pq
 
 from jobs.records import StepRecord, read_records
 
-FIGURES = ("eval_success", "train", "kl", "kl_by_turn", "head_tail", "responses", "staleness", "throughput",
+FIGURES = ("eval_success", "train", "kl", "kl_by_turn", "head_tail", "responses", "mismatch", "staleness", "throughput",
            "learner_time", "schedule")
 
 
@@ -118,7 +120,7 @@ def plot_eval(runs: list[Run], path: Path) -> None:
     _save(fig, path, ax)
 
 
-def _plot_lines(runs: list[Run], path: Path, title: str, ylabel: str, lines: list[tuple[str, str, str]],
+def _plot_lines(runs: list[Run], path: Path, title: str, ylabel: str, lines: list[tuple[str, str | tuple, str]],
                 ylim: tuple[float, float] | None = None) -> None:
     """One line per (record field, line style, label) per run, in the run's colour; a field that is
     0 at every step (a term that is off) is left out."""
@@ -150,6 +152,13 @@ def plot_head_tail(runs: list[Run], path: Path) -> None:
                 [("reverse_kl_head", "-", "reverse KL, head"), ("reverse_kl_tail", "--", "reverse KL, tail"),
                  ("student_logprob_head", "-.", "student log-prob, head"),
                  ("student_logprob_tail", ":", "student log-prob, tail")])
+
+
+def plot_mismatch(runs: list[Run], path: Path) -> None:
+    _plot_lines(runs, path, "Learner vs engine on the trained tokens (stale or mismatched)", "value",
+                [("mismatch_kl", "-", "KL(engine || learner), k3"), ("ratio_mean", "--", "ratio mean"),
+                 ("ratio_max", ":", "ratio max"), ("masked_frac", "-.", "share masked"),
+                 ("truncated_frac", (0, (1, 3)), "share truncated")])
 
 
 def plot_responses(runs: list[Run], path: Path) -> None:
@@ -225,7 +234,7 @@ def plot_schedule(runs: list[Run], path: Path) -> None:
 
 
 PLOTS = {"eval_success": plot_eval, "train": plot_train, "kl": plot_kl, "kl_by_turn": plot_kl_by_turn,
-         "head_tail": plot_head_tail, "responses": plot_responses, "staleness": plot_staleness, "throughput": plot_throughput, "learner_time": plot_learner_time,
+         "head_tail": plot_head_tail, "responses": plot_responses, "mismatch": plot_mismatch, "staleness": plot_staleness, "throughput": plot_throughput, "learner_time": plot_learner_time,
          "schedule": plot_schedule}
 assert tuple(PLOTS) == FIGURES
 

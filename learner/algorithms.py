@@ -14,7 +14,10 @@ the global count across micro-batches and ranks (token-mean: tokens; seq-mean: s
 
 Importance ratio r_t = pi_theta(y_t) / mu(y_t), with mu the engine's behaviour log-probs;
 PPO clip min(r A, clip(r, 1-eps_lo, 1+eps_hi) A); with `tis_cap` the ratio is first
-truncated at that value (bounding the weight of very stale or mismatched tokens).
+truncated at that value (bounding the weight of very stale or mismatched tokens). The
+rollout/trainer mismatch corrections (docs/algorithms.md §6) are options of the same clip:
+`decoupled` (the clip measured from the proximal policy, the behaviour weight apart),
+`seq_mask_band` (sequence-level masked IS) and `token_mask_band` (IcePop).
 """
 
 from __future__ import annotations
@@ -49,7 +52,20 @@ class AlgorithmConfig(BaseModel):
     clip_eps_low: float = Field(default=0.2, ge=0)
     clip_eps_high: float = Field(default=0.28, ge=0)
     tis_cap: float | None = Field(default=None, gt=1.0)
-    """Truncate importance ratios at this value (None: no truncation)."""
+    """Truncate importance ratios at this value (None: no truncation); with `decoupled`, the
+    behaviour weight pi_prox/mu."""
+    decoupled: bool = False
+    """AReaL's decoupled objective: the PPO clip is measured from the proximal policy pi_prox
+    (the learner's own weights at this step) instead of the behaviour policy mu, and the
+    staleness and engine mismatch enter apart, as the constant weight pi_prox/mu per token.
+    One optimizer step per batch: pi_prox is pi_theta's value in the same forward pass."""
+    seq_mask_band: tuple[float, float] | None = None
+    """Sequence-level masked importance sampling: a training sequence whose geometric-mean ratio
+    exp(mean_t log pi_theta/mu) over its trained tokens leaves [low, high] is left out of the
+    loss (e.g. [0.5, 2.0]); None: off."""
+    token_mask_band: tuple[float, float] | None = None
+    """IcePop: a token whose ratio pi_theta/mu lies outside [low, high] is left out of the loss
+    (e.g. [0.5, 2.0]); None: off."""
     aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
     opd_scale: float = Field(default=1.0, gt=0)
     """Scale of the OPD token advantage (teacher - behaviour log-prob)."""
@@ -71,6 +87,13 @@ class AlgorithmConfig(BaseModel):
     """Groups whose rewards are all equal carry no GRPO signal (DAPO): grpo drops them. A loss
     with a teacher term (joint, retire_opd) never drops a group: such a group's advantage is 0
     (out of the GRPO term) and its OPD term trains on it."""
+
+    @field_validator("seq_mask_band", "token_mask_band")
+    @classmethod
+    def _band(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0 < value[0] < 1 < value[1]:
+            raise ValueError(f"a ratio band [low, high] needs 0 < low < 1 < high, got {list(value)}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -213,18 +236,44 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str) -> tuple[t
     return per_seq[has].sum(), float(has.sum())
 
 
+def _kept(log_ratio: torch.Tensor, mask: torch.Tensor, cfg: AlgorithmConfig) -> torch.Tensor:
+    """The trained tokens the mismatch masks keep, bool [N, T]; `log_ratio` log pi_theta/mu [N, T]."""
+    keep = mask.clone()
+    if cfg.token_mask_band is not None:
+        low, high = cfg.token_mask_band
+        keep &= (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+    if cfg.seq_mask_band is not None:
+        low, high = cfg.seq_mask_band
+        mean = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # log of the geometric mean, [N]
+        keep &= ((mean >= math.log(low)) & (mean <= math.log(high)))[:, None]
+    return keep
+
+
 def _clipped(logprobs: torch.Tensor, batch: TokenBatch, adv: torch.Tensor, cfg: AlgorithmConfig):
-    log_ratio = (logprobs - batch.behaviour_logprobs).clamp(-20, 20)
-    ratio = torch.exp(log_ratio)
-    if cfg.tis_cap is not None:
-        ratio = ratio.clamp(max=cfg.tis_cap)
-    clipped = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)
     mask = batch.loss_mask
-    was_clipped = ((ratio * adv) > (clipped * adv)) & mask
+    log_ratio = (logprobs - batch.behaviour_logprobs).clamp(-20, 20)
+    behaviour = torch.exp(log_ratio.detach())  # pi_theta/mu: with one step per batch also pi_prox/mu
+    keep = _kept(log_ratio.detach(), mask, cfg)
+    capped = behaviour if cfg.tis_cap is None else behaviour.clamp(max=cfg.tis_cap)
+    if cfg.decoupled:
+        weight = capped
+        ratio = torch.exp(logprobs - logprobs.detach())  # pi_theta/pi_prox: 1 in value, grad log pi_theta
+    else:
+        weight = torch.ones_like(behaviour)
+        ratio = torch.exp(log_ratio)
+        if cfg.tis_cap is not None:
+            ratio = ratio.clamp(max=cfg.tis_cap)
+    clipped = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    # Masked tokens train nothing but keep their place in the mean (the loss's units are unchanged).
+    per_token = -weight * torch.minimum(ratio * adv, clipped * adv) * keep
+    was_clipped = ((ratio * adv) > (clipped * adv)) & keep
     stats = {"clip_frac": float(was_clipped.sum()),
              # k3 estimate of KL(behaviour || policy): the trainer/engine mismatch on fresh samples.
-             "mismatch_kl": float(((torch.exp(-log_ratio) - 1 + log_ratio) * mask).sum().detach())}
+             "mismatch_kl": float(((torch.exp(-log_ratio) - 1 + log_ratio) * mask).sum().detach()),
+             "ratio_mean": float((behaviour * mask).sum()),
+             "ratio_max": float(behaviour[mask].max()) if mask.any() else 0.0,
+             "masked_frac": float((mask & ~keep).sum()),
+             "truncated_frac": float(((behaviour > capped) & keep).sum())}
     return per_token, stats
 
 

@@ -208,7 +208,9 @@ class StepSums:
     the head and tail of each response (`response_tail`), and the reverse KL by turn index (the
     seeds' evidence that errors compound over turns)."""
 
-    KEYS = ("loss_sum", "loss_tokens", "entropy", "staleness", "clip_frac", "mismatch_kl", "reverse_kl", "topk_kl",
+    LOSS_STATS = ("clip_frac", "mismatch_kl", "ratio_mean", "masked_frac", "truncated_frac", "reverse_kl", "topk_kl")
+    """The loss's own sums over trained tokens (`LossOutput.stats`), reported as per-token means."""
+    KEYS = ("loss_sum", "loss_tokens", "entropy", "staleness", *LOSS_STATS,
             "tokens", "sequences", "kl_head", "kl_tail", "scored_head_tokens", "scored_tail_tokens",
             "logp_head", "logp_tail", "head_tokens", "tail_tokens")
 
@@ -216,6 +218,7 @@ class StepSums:
         """`num_turn_slots`: the most turns of any sequence on any rank (the same on every rank)."""
         self.sums = dict.fromkeys(self.KEYS, 0.0)
         self.max_staleness = 0.0
+        self.max_ratio = 0.0
         self.kl_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
         self.tokens_by_turn = torch.zeros(num_turn_slots, dtype=torch.float64)
         self.kl_by_episode: dict[str, float] = {}
@@ -229,8 +232,9 @@ class StepSums:
         sums["staleness"] += float((b.staleness * mask).sum())
         sums["tokens"] += float(b.attention_mask.sum())
         sums["sequences"] += len(b.input_ids)
-        for key in ("clip_frac", "mismatch_kl", "reverse_kl", "topk_kl"):
+        for key in self.LOSS_STATS:
             sums[key] += out.stats.get(key, 0.0)
+        self.max_ratio = max(self.max_ratio, out.stats.get("ratio_max", 0.0))
         if not mask.any():
             return
         tail = response_tail(mask, b.turn_index)
@@ -268,9 +272,10 @@ class StepSums:
                 by_episode[episode] = by_episode.get(episode, 0.0) + kl
         return {
             "loss_sum": totals["loss_sum"],
-            **{key: totals[key] / tokens for key in ("entropy", "clip_frac", "mismatch_kl", "reverse_kl", "topk_kl")},
+            **{key: totals[key] / tokens for key in ("entropy", *self.LOSS_STATS)},
             "mean_staleness": totals["staleness"] / tokens,
             "max_staleness": all_max(self.max_staleness),
+            "ratio_max": all_max(self.max_ratio),
             "reverse_kl_by_turn": [kl / n if n else None for kl, n in per_turn],
             "reverse_kl_episode": sum(by_episode.values()) / len(by_episode) if by_episode else None,
             # None where no token (or none scored).

@@ -61,6 +61,55 @@ def test_ppo_clip_and_truncation():
     assert out.loss_sum.item() == pytest.approx(1.5)
 
 
+def test_decoupled_clips_from_the_proximal_policy_and_weights_by_its_ratio_to_the_behaviour():
+    # A stale token: pi_theta/mu = e^0.5 = 1.65. Coupled, the clip at 1.2 cuts its gradient off
+    # (nothing this step did moved it there); decoupled, the weight 1.65 (capped at 1.5 with
+    # tis_cap) multiplies an unclipped policy gradient.
+    b = batch([[-1.0, -1.0]], adv=[[2.0, -1.0]])
+    for cap, weight in ((None, math.exp(0.5)), (1.5, 1.5)):
+        cfg = AlgorithmConfig(name="grpo", clip_eps_low=0.2, clip_eps_high=0.2, decoupled=True, tis_cap=cap)
+        logp = torch.tensor([[-0.5, -0.5]], requires_grad=True)
+        out = ALGORITHMS["grpo"].loss(logp, b, cfg)
+        assert out.loss_sum.item() == pytest.approx(-weight * (2.0 - 1.0)) and out.stats["clip_frac"] == 0
+        out.loss_sum.backward()
+        assert logp.grad[0].tolist() == pytest.approx([-weight * 2.0, weight * 1.0])
+        assert out.stats["truncated_frac"] == (2 if cap else 0)
+        assert out.stats["ratio_mean"] == pytest.approx(2 * math.exp(0.5)) and out.stats["ratio_max"] == \
+            pytest.approx(math.exp(0.5))
+    coupled = ALGORITHMS["grpo"].loss(torch.tensor([[-0.5, -0.5]], requires_grad=True), b,
+                                      AlgorithmConfig(name="grpo", clip_eps_low=0.2, clip_eps_high=0.2))
+    assert coupled.stats["clip_frac"] == 1  # the A > 0 token: clipped, no gradient
+
+
+def test_token_and_sequence_masks_leave_out_what_leaves_their_band_and_keep_the_units():
+    # Row 0: ratios e^0.1, e^1, e^-0.1 (geometric mean e^(1/3) = 1.40); row 1: e^-1, 1, 1 (mean 0.72).
+    b = batch([[-1.1, -2.0, -0.9], [0.0, -1.0, -1.0]], adv=[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    logp = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]], requires_grad=True)
+    icepop = AlgorithmConfig(name="grpo", clip_eps_low=10.0, clip_eps_high=10.0, token_mask_band=(0.5, 2.0))
+    out = ALGORITHMS["grpo"].loss(logp, b, icepop)
+    assert out.num_units == 6 and out.stats["masked_frac"] == 2  # e^1 and e^-1 leave [0.5, 2]
+    out.loss_sum.backward()
+    assert (logp.grad == 0).tolist() == [[False, True, False], [True, False, False]]
+    seq = AlgorithmConfig(name="grpo", clip_eps_low=10.0, clip_eps_high=10.0, seq_mask_band=(0.8, 1.25))
+    logp.grad = None
+    out = ALGORITHMS["grpo"].loss(logp, b, seq)
+    assert out.num_units == 6 and out.stats["masked_frac"] == 6  # 1.40 and 0.72 both leave [0.8, 1.25]
+    assert out.loss_sum.item() == 0.0
+    wide = AlgorithmConfig(name="grpo", clip_eps_low=10.0, clip_eps_high=10.0, seq_mask_band=(0.7, 1.5))
+    out = ALGORITHMS["grpo"].loss(logp, b, wide)
+    assert out.stats["masked_frac"] == 0
+    with pytest.raises(ValueError, match=r"needs 0 < low < 1 < high, got \[1.2, 2.0\]"):
+        AlgorithmConfig(name="grpo", token_mask_band=(1.2, 2.0))
+
+
+def test_the_masks_apply_to_opd_and_its_reverse_kl_still_counts_every_token():
+    cfg = AlgorithmConfig(name="opd", token_mask_band=(0.5, 2.0))
+    b = batch([[-1.0, -3.0]], teacher=[[-2.0, -2.0]])
+    out = ALGORITHMS["opd"].loss(torch.tensor([[-1.0, -1.0]]), b, cfg)  # ratios 1 and e^2
+    assert out.stats["masked_frac"] == 1 and out.stats["reverse_kl"] == pytest.approx(1.0 + -1.0)
+    assert out.loss_sum.item() == pytest.approx(-(-1.0))  # only the first token: A = -2 - (-1)
+
+
 def test_seq_mean_weights_sequences_equally():
     cfg = AlgorithmConfig(name="sft", aggregation="seq_mean")
     logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0]])
