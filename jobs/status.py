@@ -1,0 +1,103 @@
+"""Where a run is, from its run directory: for a job started with `ray job submit` as for a local
+one, without reading its logs.
+
+    python -m jobs.status RUN_DIR
+
+Reads config.yaml (run.steps), metrics.parquet (rewritten atomically after every step, so a
+running job's file is always whole) and summary.json (written when the job closes). Prints the
+state (running, finished, stopped), the version against the planned steps, the last and best
+evaluation, the last step's training numbers, throughput and timing, staleness and drops,
+restarts, and an ETA from the median wall time of the last steps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from jobs.records import StepRecord, read_records
+
+ETA_WINDOW = 5
+"""Steps whose median wall time predicts the rest."""
+
+
+def run_state(records: list[StepRecord], summary: dict | None, planned: int, now: float) -> str:
+    """'finished', 'stopped at version V' or 'running' (with the age of the last step)."""
+    last = records[-1]
+    if summary is not None and summary["version"] >= last.version:
+        if last.version >= planned:
+            return "finished"
+        return f"stopped at version {last.version} (continue with: python -m jobs.train --resume RUN_DIR)"
+    age = now - last.time
+    return f"running (last step {age:.0f} s ago)" if age < 600 else \
+        f"running or died: no step for {age / 60:.0f} min and no summary.json"
+
+
+def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
+    """The report, one line per topic; ValueError naming what is missing when the directory holds
+    no run (yet)."""
+    from jobs.config import load_config
+    from jobs.train import JobConfig
+
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"{run_dir} is not a run directory: it has no config.yaml")
+    config = load_config(JobConfig, run_dir / "config.yaml")
+    if not (run_dir / "metrics.parquet").is_file():
+        return [f"run        {run_dir}", "state      started, no learner step yet (warm start or start-up)"]
+    records = read_records(run_dir / "metrics.parquet")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    last = records[-1]
+    warm_steps = records[0].version - 1
+    planned = warm_steps + config.run.steps
+    lines = [f"run        {run_dir} ({config.learner.algorithm.name} on {config.env.name}, model {config.model.path})",
+             f"state      {run_state(records, summary, planned, time.time() if now is None else now)}",
+             f"version    {last.version} of {planned} ({len(records)} learner steps recorded"
+             + (f", {warm_steps} warm-start SFT steps before)" if warm_steps else ")")]
+    evals = [(r.version, r.eval_success) for r in records if r.eval_success is not None]
+    if evals:
+        best = max(evals, key=lambda pair: pair[1])
+        by_type = next(r.eval_success_by_type for r in reversed(records) if r.eval_success is not None)
+        types = ", ".join(f"{name} {value:.2f}" for name, value in sorted((by_type or {}).items()))
+        lines.append(f"eval       {evals[-1][1]:.3f} at version {evals[-1][0]} (best {best[1]:.3f} at {best[0]})"
+                     + (f"; {types}" if types else ""))
+    else:
+        lines.append("eval       none yet")
+    train = "n/a" if last.train_success_rate is None else f"{last.train_success_rate:.2f}"
+    errors = "n/a" if last.format_error_rate is None else f"{last.format_error_rate:.2f}"
+    lines += [
+        f"train      success {train}, format errors {errors} per turn; loss {last.loss:.4f}, reverse KL "
+        f"{last.reverse_kl:.3f}, mismatch KL {last.mismatch_kl:.4f}",
+        f"speed      {last.rollout_tokens_per_s:.0f} rollout tokens/s; step {last.wall_s:.1f} s "
+        f"(learner {last.learner_step_s:.1f} s, waiting {last.learner_idle_s:.1f} s, sync {last.weight_sync_s:.1f} s)",
+        f"staleness  mean {last.mean_staleness:.2f}, max {last.max_staleness}; dropped stale {last.dropped_stale} of "
+        f"{last.buffer_put} samples put ({last.dropped_stale / max(last.buffer_put, 1):.0%})",
+        f"restarts   rollout runs {last.rollout_failed_runs}, teacher {last.teacher_restarts}, "
+        f"environments {last.env_restarts}, job recoveries {last.job_recoveries or 0}; skipped steps "
+        f"{last.nonfinite_steps} non-finite, {last.empty_batches} empty",
+    ]
+    remaining = planned - last.version
+    if remaining > 0:
+        wall = statistics.median(r.wall_s for r in records[-ETA_WINDOW:])
+        lines.append(f"eta        {remaining} steps x {wall:.1f} s = {remaining * wall / 60:.1f} min")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m jobs.status RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        print("\n".join(status_lines(Path(args[0]))))
+    except ValueError as exc:
+        print(f"jobs.status: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
