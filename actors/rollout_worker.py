@@ -217,8 +217,10 @@ class RolloutWorker:
         self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
         self.metrics = ActorMetrics("rollout", self.owner)
 
-    def __repr__(self) -> str:  # the dashboard's Repr column
-        return f"RolloutWorker({self.owner}, v{self.engine.version})"
+    def __repr__(self) -> str:
+        # The dashboard's Repr column and the log prefix: Ray reads it once, after __init__, so
+        # nothing that changes (the weights' version) belongs in it.
+        return f"RolloutWorker({self.owner})"
 
     def pid(self) -> int:
         return os.getpid()

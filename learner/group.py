@@ -118,8 +118,9 @@ class LearnerRank:
         self.trainer = Trainer(self.config, self.model_config, device="cuda" if cuda else "cpu")
         self.metrics = ActorMetrics("learner", self.name)
 
-    def __repr__(self) -> str:  # the dashboard's Repr column
-        return f"LearnerRank({self.name}, v{self.trainer.version if self.trainer else '-'})"
+    def __repr__(self) -> str:
+        # The dashboard's Repr column and the log prefix, read once after __init__ by Ray: no version.
+        return f"LearnerRank({self.name})"
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
               lr: float | None = None) -> dict[str, float]:
