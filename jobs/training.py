@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -293,6 +294,8 @@ class TrainingRun:
         import ray
 
         from buffer.actor import SampleBatch, encode_trajectories
+        from tqdm import tqdm
+
         from jobs.warm_start import demonstrations, epoch_batches, num_steps
         from learner.algorithms import AlgorithmConfig
         from models.loading import load_tokenizer
@@ -308,6 +311,8 @@ class TrainingRun:
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
         sft = AlgorithmConfig(name="sft", aggregation=self.config.learner.algorithm.aggregation)
         rows = []
+        # One bar, not a line per step (hundreds on the default); warm_start.parquet keeps each step.
+        bar = tqdm(total=total, desc="warm start: SFT", unit="step", file=sys.stderr)
         for episodes in epoch_batches(demos, ws):
             if should_stop():
                 break
@@ -322,13 +327,16 @@ class TrainingRun:
             rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
                          "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
                          "eval_success": None, "eval_success_by_type": None})
-            print(f"sft  {self.version:4d}/{total} loss {stats['loss']:.4f} samples {encoded.num_samples:3d} "
-                  f"learn {stats['step_s']:.2f}s", flush=True)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", refresh=False)
+            bar.update(1)
             if self.tensorboard is not None:
                 self.tensorboard.scalar("warm_start/loss", stats["loss"], self.version)
+        bar.close()
         self.warm_steps = self.version
         if not rows:
             return
+        print(f"warm start: {len(rows)}/{total} SFT steps, loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}",
+              flush=True)
         self.pool.publish_weights(self.learner.publish(), self.version)
         if self.config.run.eval_every:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()

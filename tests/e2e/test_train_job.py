@@ -82,7 +82,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
     solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
     warm = 2 * -(-solved // 4)
-    assert solved > 0 and f"sft  {warm:4d}/{warm}" in out
+    assert solved > 0 and f"warm start: {warm}/{warm} SFT steps, loss " in out and "sft  " not in out
     assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == list(range(1, warm + 1))
     final = warm + 4
     assert f"step {final:4d}" in out and f'"final_version": {final}' in out
