@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -174,6 +174,21 @@ class StepRecord:
     """Share of trained tokens the mismatch masks left out (seq_mask_band, token_mask_band)."""
     truncated_frac: float | None = None
     """Share of trained tokens whose ratio (or, decoupled, behaviour weight) tis_cap truncated."""
+
+
+class RunLog(Protocol):
+    """Somewhere a run's step records also go (jobs.tensorboard, jobs.wandb_log)."""
+
+    def scalar(self, tag: str, value: float, version: int) -> None:
+        """One number outside the step records (the warm start's loss and eval)."""
+
+    def record(self, record: StepRecord) -> None:
+        """A learner step's record."""
+
+    def figures(self, paths: list[Path], version: int) -> None:
+        """The report's figures, at the end of the job."""
+
+    def close(self) -> None: ...
 
 
 STEP_SCHEMA = pa.schema([

@@ -79,5 +79,12 @@ class TensorBoardLog:
             self.writer.add_histogram("learner/staleness", staleness, record.version)
         self.writer.flush()
 
+    def figures(self, paths: list[Path], version: int) -> None:
+        import matplotlib.image
+
+        for path in paths:
+            self.writer.add_image(f"report/{path.stem}", matplotlib.image.imread(path), version, dataformats="HWC")
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()

@@ -30,6 +30,7 @@ from cluster.plan import ResourcePlan
 from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
+from jobs.wandb_log import WandbConfig
 from jobs.warm_start import WarmStartConfig
 from judge.service import JudgeConfig
 from learner.algorithms import ALGORITHMS
@@ -99,6 +100,11 @@ class RunConfig(BaseModel):
     tensorboard: bool = False
     """Also write every step record as TensorBoard scalars under RUN_DIR/tensorboard (needs the
     `tensorboard` extra); `tensorboard --logdir runs/` then shows every run."""
+    wandb: WandbConfig | None = None
+    """Also log to Weights & Biases (jobs/wandb_log.py; needs the `wandb` extra); None: off."""
+    report: bool = True
+    """When the job ends (a signal's stop included), write jobs.report's figures and report.md into
+    the run directory; the end summary names them."""
 
 
 class JobConfig(BaseModel):
@@ -241,6 +247,10 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
     if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         check("run.tensorboard", lambda: _raise("run.tensorboard is true but the tensorboard package is not "
                                                 "installed: pip install -e '.[tensorboard]', or set run.tensorboard=false"))
+    wandb = config.run.wandb
+    if wandb is not None and wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        check("run.wandb", lambda: _raise("run.wandb is set but the wandb package is not installed: pip install -e "
+                                          "'.[wandb]', or remove run.wandb"))
     if config.run.metrics_port is not None:
         def port_free() -> None:
             with socket.socket() as probe:
@@ -623,15 +633,68 @@ def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
         remove_run_outputs(Path(config.run.dir))
     for key, (old, new) in changes.items():
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
-    print(f"ray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>", flush=True)
+    print(banner(config, namespace), flush=True)
     print(config.cluster.plan.describe(), flush=True)
     return None
+
+
+def banner(config: JobConfig, namespace: str) -> str:
+    """What is about to run and where to watch it."""
+    teachers = ", ".join(t.backend for t in config.teachers) or "none"
+    metrics = ("off" if config.run.metrics_port is None
+               else f"http://{config.run.metrics_host}:{config.run.metrics_port}/metrics")
+    return (f"apprentice: {config.learner.algorithm.name} on {config.env.name} ({config.rollout.split}), model "
+            f"{config.model.path}, teacher {teachers}; {config.run.steps} steps"
+            + (f" after a {config.warm_start.num_episodes}-episode warm start" if config.warm_start.num_episodes else "")
+            + f"\nrun dir {config.run.dir}; metrics {metrics}; status: python -m jobs.status {config.run.dir}"
+            + f"\nray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>")
+
+
+def end_summary(run: TrainingRun, wall_s: float, report: Path | None) -> list[str]:
+    """The last lines of a job: versions, evaluations, wall clock, where the report is."""
+    rows = run.recorder.rows
+    lines = [f"run ended at version {run.version} ({len(rows)} learner steps recorded"
+             + (f", after {run.warm_steps} warm-start SFT steps" if run.warm_steps else "")
+             + f") in {wall_s:.0f} s"]
+    evals = [(r.version, r.eval_success) for r in rows if r.eval_success is not None]
+    if evals:
+        best = max(evals, key=lambda pair: pair[1])
+        lines.append(f"eval {evals[-1][1]:.3f} at version {evals[-1][0]}, best {best[1]:.3f} at version {best[0]}")
+    if report is not None:
+        lines.append(f"report {report} and its figures")
+    return lines
 
 
 def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
            should_stop: Callable[[], bool]) -> int:
     """The run, rebuilt from its newest checkpoint after each failure it can recover from, up to
-    run.max_failures times; the exit status."""
+    run.max_failures times, then its report and summary; the exit status."""
+    start = time.monotonic()
+    logs = open_logs(config)
+    try:
+        return _recovering(config, resume, finish, should_stop, logs, start)
+    finally:
+        for log in logs:
+            log.close()
+
+
+def open_logs(config: JobConfig) -> list:
+    """TensorBoard and W&B as the run asks, one each for the whole job (its recoveries too)."""
+    run_dir = Path(config.run.dir)
+    logs = []
+    if config.run.tensorboard:
+        from jobs.tensorboard import TensorBoardLog
+
+        logs.append(TensorBoardLog(run_dir / "tensorboard"))
+    if config.run.wandb is not None and config.run.wandb.mode != "disabled":
+        from jobs.wandb_log import WandbLog
+
+        logs.append(WandbLog(config.run.wandb, run_dir, config.model_dump(mode="json")))
+    return logs
+
+
+def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
+                should_stop: Callable[[], bool], logs: list, start: float) -> int:
     import ray
 
     from jobs.recorder import NonFiniteTraining
@@ -640,7 +703,7 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
 
     recoveries, faults = 0, {}
     while True:
-        run = TrainingRun(config, resume=resume, recoveries=recoveries, faults=faults)
+        run = TrainingRun(config, resume=resume, recoveries=recoveries, faults=faults, logs=logs)
         recovering = False
         try:
             run.start(should_stop)
@@ -669,6 +732,14 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
         finally:
             run.close(wait=recovering)
         resume = (Path(config.run.dir) / "checkpoints" / "latest").exists()
+    report = None
+    if config.run.report and (run.dir / "metrics.parquet").is_file():
+        from jobs.report import FIGURES, load_run, write_report
+
+        report = write_report([load_run(run.dir, run.dir.name)], run.dir)
+        for log in logs:
+            log.figures([run.dir / f"{name}.png" for name in FIGURES], run.version)
+    print("\n".join(end_summary(run, time.monotonic() - start, report)), flush=True)
     print(json.dumps({"final_version": run.version, "run_dir": str(run.dir)}), flush=True)
     return 0
 

@@ -31,7 +31,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 from cluster.files import write_atomic
 from jobs.config import dump_config
 from jobs.recorder import StepRecorder
+from jobs.records import RunLog
 from jobs.records import StepRecord, read_records, write_records
-from jobs.tensorboard import TensorBoardLog
 from learner.trainer import PREVIOUS, check_checkpoint
 
 
@@ -127,10 +127,11 @@ class RunStalled(RuntimeError):
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
-    def __init__(self, config, resume: bool = False, recoveries: int = 0, faults: dict[str, int] | None = None
-                 ) -> None:
+    def __init__(self, config, resume: bool = False, recoveries: int = 0, faults: dict[str, int] | None = None,
+                 logs: Sequence[RunLog] = ()) -> None:
         """`recoveries`: how many times the job rebuilt its actors before this one (jobs.train.run_job);
-        `faults`: the FAULT_TOTALS the run it replaces had reached (`fault_totals`)."""
+        `faults`: the FAULT_TOTALS the run it replaces had reached (`fault_totals`); `logs`: where
+        step records also go (TensorBoard, W&B), opened and closed by the job, across recoveries."""
         from buffer.actor import create_buffer_actor
         from cluster.metrics import MetricsExporter
         from cluster.plan import reserve
@@ -165,7 +166,7 @@ class TrainingRun:
                                     num_gpus=plan.learner.gpus, placement=strategies["learner"], named=True)
         if not self.teacher_active:
             self._give_teacher_bundles_to_rollout()
-        self.tensorboard = TensorBoardLog(self.dir / "tensorboard") if config.run.tensorboard else None
+        self.logs = tuple(logs)
         self.recorder = StepRecorder(self.metrics, recoveries, faults)
         self.version = 0
         self.warm_steps = 0
@@ -329,8 +330,8 @@ class TrainingRun:
                          "eval_success": None, "eval_success_by_type": None})
             bar.set_postfix(loss=f"{stats['loss']:.4f}", refresh=False)
             bar.update(1)
-            if self.tensorboard is not None:
-                self.tensorboard.scalar("warm_start/loss", stats["loss"], self.version)
+            for log in self.logs:
+                log.scalar("warm_start/loss", stats["loss"], self.version)
         bar.close()
         self.warm_steps = self.version
         if not rows:
@@ -342,8 +343,8 @@ class TrainingRun:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
-            if self.tensorboard is not None:
-                self.tensorboard.scalar("eval/eval_success", rows[-1]["eval_success"], self.version)
+            for log in self.logs:
+                log.scalar("eval/eval_success", rows[-1]["eval_success"], self.version)
         pq.write_table(pa.Table.from_pylist(rows), self.dir / "warm_start.parquet")
         self.checkpoint()
         if ws.export:
@@ -385,8 +386,8 @@ class TrainingRun:
             if self.schedule is not None and self.schedule.after_step(self.version, row.reverse_kl, row.eval_success):
                 self._stop_teacher()
             self.recorder.rows.append(row)
-            if self.tensorboard is not None:
-                self.tensorboard.record(row)
+            for log in self.logs:
+                log.record(row)
             print(self._line(row), flush=True)
             if step % run.checkpoint_every == 0:
                 self.checkpoint()
@@ -572,8 +573,6 @@ class TrainingRun:
         finally:
             self.write_metrics()
             self.metrics.close()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
             actors = self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
                 ([self.judge] if self.judge is not None else [])
             for actor in actors:

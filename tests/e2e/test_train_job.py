@@ -24,10 +24,10 @@ IN_PROCESS = ["rollout.vllm.in_process=true"]
 DEFAULT_ENGINE = "rollout.vllm.in_process=false"
 SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano", "buffer.batch_size=16",
          "rollout.loop.max_turns=3", "rollout.sampling.max_new_tokens=16", "run.eval_every=2", "run.eval_tasks=4",
-         "run.checkpoint_every=2", "warm_start.num_episodes=0", *IN_PROCESS]
+         "run.checkpoint_every=2", "warm_start.num_episodes=0", "run.report=false", *IN_PROCESS]
 """A short run of the embedded default with the nano model. Its engine core runs in the worker's
 own process: an engine starts in half the time (docs/vllm_cpu.md), and most of a short job is
-its start. The default, a separate engine-core process, is what the train-and-resume test and
+its start. The report a job writes at its end is drawn by the train-and-resume test's resume only. The default, a separate engine-core process, is what the train-and-resume test and
 the `ray job submit` test run (DEFAULT_ENGINE)."""
 
 
@@ -61,7 +61,8 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
     warm = ["warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4"]
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, DEFAULT_ENGINE, f"run.dir={run_dir}",
+    wandb = ["run.wandb.project=apprentice-e2e", "run.wandb.mode=offline"]
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, *wandb, DEFAULT_ENGINE, f"run.dir={run_dir}",
                              "run.steps=4", f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     scraped, listeners = "", []
@@ -102,8 +103,8 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
 
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
-                              f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
-                             text=True, timeout=300)
+                              "run.report=true", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
+                             capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stdout and f"at version {final}" in resumed.stdout
     assert "warm start" not in resumed.stdout  # done once, before the first checkpoint
@@ -113,11 +114,17 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     # Totals continue across the resume (the resumed workers and buffer count from 0).
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
     assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
-    # The report of the finished run: every figure, and the table with the warm start's eval.
-    report = subprocess.run([sys.executable, "-m", "jobs.report", str(run_dir)], cwd=ROOT, env=job_env(),
-                            capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0, report.stdout + report.stderr
+    # The job reports itself at its end: every figure, the table with the warm start's eval, and
+    # a summary naming them as its last lines.
     assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
+    last = [line for line in resumed.stdout.splitlines() if not line.startswith(("(", "\x1b["))][-4:]  # no actor logs
+    assert last[0].startswith(f"run ended at version {warm + 6} (6 learner steps recorded, after {warm} warm-start")
+    assert last[1].startswith("eval ") and last[2] == f"report {run_dir / 'report.md'} and its figures"
+    assert json.loads(last[3]) == {"final_version": warm + 6, "run_dir": str(run_dir)}
+    # W&B (offline): the resumed job continued the first job's run.
+    run_id = (run_dir / "wandb_run_id").read_text()
+    offline = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(offline) == 2 and all(path.stat().st_size > 0 for path in offline)
     assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
 
 

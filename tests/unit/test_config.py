@@ -358,3 +358,17 @@ def test_a_gpu8_preset_dry_run_on_this_machine_fails_only_for_its_models_and_gpu
     assert status == 2 and "total    " in out and ", 8 GPU" in out
     assert failed[-1].startswith("FAILED   cluster: the resource plan does not fit the cluster") and "GPU: need 8" in failed[-1]
     assert all(line.startswith("FAILED   model /models/") for line in failed[:-1]), failed
+
+
+def test_the_start_banner_says_what_runs_and_where_to_watch_it():
+    from jobs.train import JobConfig, banner
+
+    config = load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", [])
+    lines = banner(config, "apprentice-babyai_opd_tiny").splitlines()
+    assert lines[0] == ("apprentice: opd on babyai_text (train), model tiny:tiny, teacher oracle; 30 steps after a "
+                        "256-episode warm start")
+    assert lines[1] == ("run dir runs/babyai_opd_tiny; metrics http://127.0.0.1:9400/metrics; status: "
+                        "python -m jobs.status runs/babyai_opd_tiny")
+    assert lines[2].startswith("ray namespace apprentice-babyai_opd_tiny: actors buffer")
+    quiet = load_config(JobConfig, "jobs/configs/babyai_grpo_tiny.yaml", ["run.metrics_port=null"])
+    assert "teacher none" in banner(quiet, "ns") and "metrics off" in banner(quiet, "ns")
