@@ -167,6 +167,8 @@ class ScienceWorldEnv:
         """Gold paths generated so far, per (task type, variation): a group's episodes, and the
         oracle's replays of them, ask for the same task's again."""
         self._steps = 0
+        self._score = 0.0
+        """The simulator's latest score (0-100): a refused command leaves it as it was."""
         self._done = True
 
     @property
@@ -198,11 +200,6 @@ class ScienceWorldEnv:
                 self._sim = Simulator("", envStepLimit=10 * self.config.max_steps + 100)
         return self._sim
 
-    @property
-    def jvm_pid(self) -> int | None:
-        """The pid of this instance's JVM; None before the first reset."""
-        return None if self._sim is None else self._sim._gateway.java_process.pid
-
     def reset(self, seed: int, split: str = "train") -> EnvReset:
         tasks = self._tasks(split)
         task_type, variation = tasks[seed % len(tasks)]
@@ -211,7 +208,7 @@ class ScienceWorldEnv:
         observation, _ = sim.reset()
         self._task = (task_type, variation)
         self._gold = self._gold_paths.get(self._task)
-        self._steps, self._done = 0, False
+        self._steps, self._score, self._done = 0, 0.0, False
         info = TaskInfo(split=split, seed=seed, task_type=task_type, max_steps=self.config.max_steps)
         return EnvReset(task=sim.get_task_description().strip(), observation=self._observation(observation.strip()),
                         info=info)
@@ -223,22 +220,22 @@ class ScienceWorldEnv:
             raise ValueError(f"unknown tool {call.name!r}; known: ['act']")
         command = " ".join(str(call.arguments.get("command", "")).split())
         self._steps += 1
-        score, finished = 0.0, False
+        finished = False
         if not command:
             feedback = "The command is empty. Run one of the actions below."
         elif command.lower() == "reset task":
             feedback = "'reset task' is not available: an episode is one attempt."
         else:
             text, _, finished, info = self.simulator.step(command)
-            score = float(info["score"])
+            self._score = float(info["score"])
             feedback = text.strip()
             if feedback == UNKNOWN_COMMAND:
                 feedback = f"No known action matches {command!r}. Use one of the actions below."
-        success = score >= 100
+        success = self._score >= 100
         truncated = not finished and self._steps >= self.config.max_steps
         self._done = finished or truncated
         return EnvStep(observation=self._observation(feedback), done=self._done, success=success,
-                       num_steps=self._steps, truncated=truncated, score=min(max(score, 0.0), 100.0) / 100)
+                       num_steps=self._steps, truncated=truncated, score=min(max(self._score, 0.0), 100.0) / 100)
 
     def recover(self, text: str) -> ToolCall | None:
         """The valid command the response names last (envs.parser.recover_command), as `act`."""

@@ -71,6 +71,7 @@ def test_observations_are_the_simulators_text_with_the_actions(env, raw, split, 
     said = step.observation.split("\nActions (OBJ: an object): ")[0]
     assert sorted(said.split("\n")) == sorted(answer.strip().split("\n"))
     assert (step.num_steps, step.done, step.success, step.score) == (1, False, False, info["score"] / 100)
+    assert env.step(act("")).score == step.score  # a refused command keeps the score reached
 
 
 def test_unknown_empty_and_reset_commands_cost_a_step_with_a_message(env):
