@@ -196,6 +196,17 @@ def test_sigterm_checkpoints_and_exits_without_waiting_for_the_batch_timeout(tmp
     assert (run_dir / "hf" / "config.json").is_file()
 
 
+def assert_env_restarts_lost_nothing(run_dir, num_steps: int, output: str) -> None:
+    """Every step trained and the run evaluated; an environment actor was restarted; no group
+    stored twice, and every sample put is accounted for."""
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    last = rows[-1]
+    assert len(rows) == num_steps and all(r["num_loss_tokens"] > 0 for r in rows) and last["eval_success"] is not None
+    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, output
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"])
+
+
 @pytest.mark.alfworld
 def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfworld_data):
     """ALFWorld with environment actors in the plan's bundles; SIGKILL of every rollout
@@ -213,12 +224,7 @@ def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfwor
     assert len(job.kill_actor("_EnvActor", every=True)) >= 4
     assert job.finish(timeout_s=400) == 0, job.output
     assert "env      8 x (0.03125 CPU, 0 GPU)" in job.output  # the environment actors' bundles
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    last = rows[-1]
-    assert len(rows) == 6 and all(r["num_loss_tokens"] > 0 for r in rows) and last["eval_success"] is not None
-    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, job.output
-    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
-                                  + last["buffer_resident"])
+    assert_env_restarts_lost_nothing(run_dir, 6, job.output)
 
 
 def java_processes(pid: int) -> dict[int, psutil.Process]:
@@ -264,12 +270,7 @@ def test_a_scienceworld_run_survives_a_killed_environment_actor_and_leaves_no_jv
         time.sleep(0.5)
     jvms |= java_processes(job.proc.pid)
     assert job.finish(timeout_s=400) == 0, job.output
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    last = rows[-1]
-    assert len(rows) == 4 and all(r["num_loss_tokens"] > 0 for r in rows) and last["eval_success"] is not None
-    assert last["env_restarts"] >= 1 and last["duplicate_groups"] == 0, job.output
-    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
-                                  + last["buffer_resident"])
+    assert_env_restarts_lost_nothing(run_dir, 4, job.output)
     deadline = time.monotonic() + 30
     while any(alive(proc) for proc in jvms.values()):
         assert time.monotonic() < deadline, [pid for pid, proc in jvms.items() if alive(proc)]
