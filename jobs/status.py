@@ -3,8 +3,9 @@ one, without reading its logs.
 
     python -m jobs.status RUN_DIR
 
-Reads config.yaml (run.steps), metrics.parquet (rewritten atomically after every step, so a
-running job's file is always whole) and summary.json (written when the job closes). Prints the
+Reads config.yaml (run.steps), metrics.parquet (rewritten atomically at every checkpoint and at
+least every 30 s of steps, jobs.training.METRICS_EVERY_S: a running job's file is whole and at
+most that far behind) and summary.json (written when the job closes). Prints the
 state (running, finished, stopped), the version against the planned steps, the last and best
 evaluation, the last step's training numbers, throughput and timing, staleness and drops,
 restarts, and an ETA from the median wall time of the last steps.

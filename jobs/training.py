@@ -120,6 +120,11 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
     return removed
 
 
+METRICS_EVERY_S = 30.0
+"""metrics.parquet is rewritten at every checkpoint and, between them, after a step once this
+long has passed (what `jobs.status` reads of a running job; the whole file each time)."""
+
+
 class RunStalled(RuntimeError):
     """No sample reached the learner for run.stall_timeout_s."""
 
@@ -167,6 +172,7 @@ class TrainingRun:
         if not self.teacher_active:
             self._give_teacher_bundles_to_rollout()
         self.logs = tuple(logs)
+        self._metrics_written = time.monotonic()
         self.recorder = StepRecorder(self.metrics, recoveries, faults)
         self.version = 0
         self.warm_steps = 0
@@ -390,7 +396,9 @@ class TrainingRun:
                 log.record(row)
             print(self._line(row), flush=True)
             if step % run.checkpoint_every == 0:
-                self.checkpoint()
+                self.checkpoint()  # writes the metrics too
+            elif time.monotonic() - self._metrics_written > METRICS_EVERY_S:
+                self.write_metrics()
         if (self.version - self.warm_steps) % run.checkpoint_every or \
                 not (self.dir / "checkpoints" / "latest").exists():
             self.checkpoint()
@@ -560,6 +568,7 @@ class TrainingRun:
     def write_metrics(self) -> None:
         if self.recorder.rows:
             write_records(self.dir / "metrics.parquet", self.recorder.rows)
+        self._metrics_written = time.monotonic()
 
     def close(self, wait: bool = False) -> None:
         """Stop the workers, write the metrics, kill every actor and free the plan's resources;
