@@ -633,19 +633,20 @@ def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
         remove_run_outputs(Path(config.run.dir))
     for key, (old, new) in changes.items():
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
-    print(banner(config, namespace), flush=True)
+    print(banner(config, namespace, resume), flush=True)
     print(config.cluster.plan.describe(), flush=True)
     return None
 
 
-def banner(config: JobConfig, namespace: str) -> str:
+def banner(config: JobConfig, namespace: str, resume: bool = False) -> str:
     """What is about to run and where to watch it."""
     teachers = ", ".join(t.backend for t in config.teachers) or "none"
     metrics = ("off" if config.run.metrics_port is None
                else f"http://{config.run.metrics_host}:{config.run.metrics_port}/metrics")
     return (f"apprentice: {config.learner.algorithm.name} on {config.env.name} ({config.rollout.split}), model "
             f"{config.model.path}, teacher {teachers}; {config.run.steps} steps"
-            + (f" after a {config.warm_start.num_episodes}-episode warm start" if config.warm_start.num_episodes else "")
+            + (" in all, resumed from its newest checkpoint" if resume else
+               f" after a {config.warm_start.num_episodes}-episode warm start" if config.warm_start.num_episodes else "")
             + f"\nrun dir {config.run.dir}; metrics {metrics}; status: python -m jobs.status {config.run.dir}"
             + f"\nray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>")
 

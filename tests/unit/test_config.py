@@ -370,5 +370,6 @@ def test_the_start_banner_says_what_runs_and_where_to_watch_it():
     assert lines[1] == ("run dir runs/babyai_opd_tiny; metrics http://127.0.0.1:9400/metrics; status: "
                         "python -m jobs.status runs/babyai_opd_tiny")
     assert lines[2].startswith("ray namespace apprentice-babyai_opd_tiny: actors buffer")
+    assert banner(config, "ns", resume=True).splitlines()[0].endswith("30 steps in all, resumed from its newest checkpoint")
     quiet = load_config(JobConfig, "jobs/configs/babyai_grpo_tiny.yaml", ["run.metrics_port=null"])
     assert "teacher none" in banner(quiet, "ns") and "metrics off" in banner(quiet, "ns")
