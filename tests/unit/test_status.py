@@ -2,7 +2,6 @@
 
 import json
 
-
 from jobs.config import dump_config, load_config
 from jobs.status import main, status_lines
 from jobs.train import JobConfig
