@@ -30,6 +30,7 @@ from cluster.plan import ResourcePlan
 from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
+from jobs.records import RunLog
 from jobs.wandb_log import WandbConfig
 from jobs.warm_start import WarmStartConfig
 from judge.service import JudgeConfig
@@ -679,7 +680,7 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
             log.close()
 
 
-def open_logs(config: JobConfig) -> list:
+def open_logs(config: JobConfig) -> list[RunLog]:
     """TensorBoard and W&B as the run asks, one each for the whole job (its recoveries too)."""
     run_dir = Path(config.run.dir)
     logs = []
@@ -695,7 +696,7 @@ def open_logs(config: JobConfig) -> list:
 
 
 def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
-                should_stop: Callable[[], bool], logs: list, start: float) -> int:
+                should_stop: Callable[[], bool], logs: list[RunLog], start: float) -> int:
     import ray
 
     from jobs.recorder import NonFiniteTraining

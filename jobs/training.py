@@ -39,8 +39,7 @@ import pyarrow.parquet as pq
 from cluster.files import write_atomic
 from jobs.config import dump_config
 from jobs.recorder import StepRecorder
-from jobs.records import RunLog
-from jobs.records import StepRecord, read_records, write_records
+from jobs.records import RunLog, StepRecord, read_records, write_records
 from learner.trainer import PREVIOUS, check_checkpoint
 
 
