@@ -487,7 +487,9 @@ class TrainingRun:
         group leases and the ranks hold the sharded model, so the job rebuilds every actor from
         the newest checkpoint (run.max_failures) or stops for `--resume`. When only the buffer
         died, the learner still holds the current weights and checkpoints them first, so no
-        step is lost.
+        step is lost, provided that step was recorded: the buffer can die between a step and its
+        record (which asks the buffer for its counts), and a checkpoint then would continue
+        after a version metrics.parquet never holds; that step is trained again instead.
         """
         from learner.group import LearnerHung
 
@@ -499,9 +501,10 @@ class TrainingRun:
         if actor_id is None:
             return None
         if actor_id == self.buffer._actor_id.hex():
-            path = self.checkpoint()
-            return (f"the replay buffer actor died ({type(exc).__name__}); the samples it held are lost; "
-                    f"checkpointed version {self.version} at {path}")
+            lost = f"the replay buffer actor died ({type(exc).__name__}); the samples it held are lost"
+            if self.recorder.rows and self.recorder.rows[-1].version == self.version:
+                return f"{lost}; checkpointed version {self.version} at {self.checkpoint()}"
+            return f"{lost}; version {self.version} was not recorded and is trained again from the newest checkpoint"
         for rank, actor in enumerate(self.learner.ranks):
             if actor_id == actor._actor_id.hex():
                 return f"learner rank {rank} died ({type(exc).__name__}) at version {self.version}"
