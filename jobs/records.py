@@ -176,6 +176,14 @@ class StepRecord:
     """Share of trained tokens whose ratio (or, decoupled, behaviour weight) tis_cap truncated."""
 
 
+def last_and_best_eval(records: list[StepRecord]) -> tuple[StepRecord, StepRecord] | None:
+    """The last evaluated record and the best (the earliest of equals); None before any eval."""
+    evaluated = [r for r in records if r.eval_success is not None]
+    if not evaluated:
+        return None
+    return evaluated[-1], max(evaluated, key=lambda r: r.eval_success)
+
+
 class RunLog(Protocol):
     """Somewhere a run's step records also go (jobs.tensorboard, jobs.wandb_log)."""
 

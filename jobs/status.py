@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.records import StepRecord, read_records
+from jobs.records import StepRecord, last_and_best_eval, read_records
 
 ETA_WINDOW = 5
 """Steps whose median wall time predicts the rest."""
@@ -58,13 +58,12 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
              f"state      {run_state(records, summary, planned, time.time() if now is None else now)}",
              f"version    {last.version} of {planned} ({len(records)} learner steps recorded"
              + (f", {warm_steps} warm-start SFT steps before)" if warm_steps else ")")]
-    evals = [(r.version, r.eval_success) for r in records if r.eval_success is not None]
+    evals = last_and_best_eval(records)
     if evals:
-        best = max(evals, key=lambda pair: pair[1])
-        by_type = next(r.eval_success_by_type for r in reversed(records) if r.eval_success is not None)
-        types = ", ".join(f"{name} {value:.2f}" for name, value in sorted((by_type or {}).items()))
-        lines.append(f"eval       {evals[-1][1]:.3f} at version {evals[-1][0]} (best {best[1]:.3f} at {best[0]})"
-                     + (f"; {types}" if types else ""))
+        latest, best = evals
+        types = ", ".join(f"{name} {value:.2f}" for name, value in sorted((latest.eval_success_by_type or {}).items()))
+        lines.append(f"eval       {latest.eval_success:.3f} at version {latest.version} (best {best.eval_success:.3f} "
+                     f"at {best.version})" + (f"; {types}" if types else ""))
     else:
         lines.append("eval       none yet")
     train = "n/a" if last.train_success_rate is None else f"{last.train_success_rate:.2f}"

@@ -30,7 +30,7 @@ from cluster.plan import ResourcePlan
 from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
-from jobs.records import RunLog
+from jobs.records import RunLog, last_and_best_eval
 from jobs.wandb_log import WandbConfig
 from jobs.warm_start import WarmStartConfig
 from judge.service import JudgeConfig
@@ -658,10 +658,11 @@ def end_summary(run: TrainingRun, wall_s: float, report: Path | None) -> list[st
     lines = [f"run ended at version {run.version} ({len(rows)} learner steps recorded"
              + (f", after {run.warm_steps} warm-start SFT steps" if run.warm_steps else "")
              + f") in {wall_s:.0f} s"]
-    evals = [(r.version, r.eval_success) for r in rows if r.eval_success is not None]
+    evals = last_and_best_eval(rows)
     if evals:
-        best = max(evals, key=lambda pair: pair[1])
-        lines.append(f"eval {evals[-1][1]:.3f} at version {evals[-1][0]}, best {best[1]:.3f} at version {best[0]}")
+        latest, best = evals
+        lines.append(f"eval {latest.eval_success:.3f} at version {latest.version}, best {best.eval_success:.3f} at "
+                     f"version {best.version}")
     if report is not None:
         lines.append(f"report {report} and its figures")
     return lines
