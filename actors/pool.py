@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cluster.actor_names import resolve
 from actors.rollout_worker import RolloutConfig, RolloutWorker, WorkerSpec
 from actors.routing import DEFAULT_ROUTE
 from models.loading import ModelConfig
@@ -58,7 +59,8 @@ class RolloutPool:
                  algorithm=None, teacher_active: bool = True, named: bool = False,
                  routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None,
                  env_placement: tuple[float, list] | None = None) -> None:
-        """`env`, `algorithm`, `teacher_active` and `judge`: see `WorkerSpec`; `named`: worker i is
+        """`buffer`, `teachers`, `routed_teachers`' values and `judge`: handles, or names of the job's
+        actors (cluster.actor_names); `env`, `algorithm`, `teacher_active` and `judge`: see `WorkerSpec`; `named`: worker i is
         the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
         environment actor, the plan's strategies for them: `RolloutConfig.num_env_actors` per
         worker, in worker order). Workers added later (a stopped teacher's bundles) run theirs
@@ -68,7 +70,7 @@ class RolloutPool:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.config = config
-        self.buffer = buffer
+        self.buffer = resolve(buffer)
         self._actor = ray.remote(worker_cls)
         self._shared = (config, model, buffer)
         self._env, self._algorithm = env, algorithm

@@ -151,7 +151,7 @@ class WorkerSpec:
     config: RolloutConfig
     model: ModelConfig
     buffer: Any
-    """The replay buffer actor."""
+    """The replay buffer actor (its handle, or its cluster.actor_names.ActorName: so are the teachers and the judge)."""
     env: EnvConfig | None = None
     """The job's environment (None: the default environment)."""
     algorithm: AlgorithmConfig | None = None
@@ -173,6 +173,7 @@ class RolloutWorker:
     """Async actor body; the pool starts it with `ray.remote(RolloutWorker)`."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        from cluster.actor_names import resolve
         from cluster.metrics import ActorMetrics
         from models.loading import load_tokenizer
 
@@ -182,8 +183,8 @@ class RolloutWorker:
         self.index, self.stream = worker_index, spec.stream
         self.owner = f"worker-{worker_index}"
         self.config = config
-        self.buffer = spec.buffer
-        self.teachers = dict(spec.teachers)
+        self.buffer = resolve(spec.buffer)
+        self.teachers = {route: resolve(teacher) for route, teacher in spec.teachers.items()}
         self.routes = spec.routes
         self.env_config = spec.env or default_env_config()
         self._teacher_calls = 0
@@ -193,7 +194,7 @@ class RolloutWorker:
         self.segment_stages = []
         self.curriculum = None
         if algorithm is not None:
-            judge = None if spec.judge is None else functools.partial(self._ask, "the judge", spec.judge, "judge")
+            judge = None if spec.judge is None else functools.partial(self._ask, "the judge", resolve(spec.judge), "judge")
             context = StageContext(worker_index, self._score if self.teachers else None, judge)
 
             def build(factories):

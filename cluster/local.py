@@ -10,6 +10,7 @@ ray; `init_local_ray` checks the result and refuses to run off loopback.
 
 from __future__ import annotations
 
+import logging
 import os
 
 LOOPBACK_ENV: dict[str, str] = {
@@ -39,9 +40,9 @@ def configure_loopback() -> None:
 
 
 def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_port: int = 8265,
-                   namespace: str | None = None, runtime_env: dict | None = None):
+                   namespace: str | None = None, runtime_env: dict | None = None, logging_level: int = logging.INFO):
     """Start an embedded Ray node bound to 127.0.0.1; returns ray.init's context. `runtime_env`:
-    the job's own entries (its env_vars join the loopback ones)."""
+    the job's own entries (its env_vars join the loopback ones); `logging_level`: the driver's Ray logger's."""
     if num_cpus < 1:
         raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
     configure_loopback()
@@ -50,6 +51,7 @@ def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_por
     context = ray.init(
         address="local",  # always a new node: never attach to a cluster that `ray start` left running
         namespace=namespace,
+        logging_level=logging_level,
         num_cpus=num_cpus,
         num_gpus=0,
         _node_ip_address=LOOPBACK_IP,

@@ -30,6 +30,7 @@ from cluster.plan import ResourcePlan
 from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
 from jobs.config import ConfigError, dump_config, load_config
+from jobs.console import LogLevel, filtered_worker_logs
 from jobs.records import RunLog, last_and_best_eval
 from jobs.wandb_log import WandbConfig
 from jobs.warm_start import WarmStartConfig
@@ -103,6 +104,10 @@ class RunConfig(BaseModel):
     `tensorboard` extra); `tensorboard --logdir runs/` then shows every run."""
     wandb: WandbConfig | None = None
     """Also log to Weights & Biases (jobs/wandb_log.py; needs the `wandb` extra); None: off."""
+    log_level: LogLevel = "error"
+    """The lowest level of the workers' third-party output (vLLM, torch, Ray) printed on the console:
+    error, warning or info (everything; `--verbose`). Every line is kept in RUN_DIR/logs/workers.log
+    whatever the level (jobs/console.py); the job's own lines are always printed."""
     report: bool = True
     """When the job ends (a signal's stop included), write jobs.report's figures and report.md into
     the run directory; the end summary names them."""
@@ -379,7 +384,7 @@ def config_changes(saved: JobConfig, config: JobConfig) -> dict[str, tuple[Any, 
 
 
 RUN_OUTPUTS = ("config.yaml", "checkpoints", "metrics.parquet", "warm_start.parquet", "summary.json", "hf",
-               "warm_start_hf", "tensorboard")
+               "warm_start_hf", "tensorboard", "logs")
 """What a training run writes into run.dir (jobs.training); `--overwrite` removes these and nothing else."""
 
 
@@ -480,23 +485,29 @@ def dry_run(config: JobConfig, resume: bool, allow_change: tuple[str, ...]) -> i
     return 2 if checks.failed else 0
 
 
-def connect(config: ClusterConfig, namespace: str, plugins: tuple[str, ...] = ()):
+def connect(config: ClusterConfig, namespace: str, plugins: tuple[str, ...] = (), log_level: LogLevel = "info"):
     """Join the configured cluster (or start an embedded node) in `namespace`, where the run's
     named actors live (`ray.get_actor("worker-0", namespace=...)`). Only the embedded node gets
     the loopback settings (cluster.local.LOOPBACK_ENV, Ray's auth turned off among them); a
     cluster is joined with the environment as the user set it. `plugins`: modules every worker
-    process imports first (cluster/plugins.py)."""
+    process imports first (cluster/plugins.py); `log_level`: below `info`, the driver's Ray
+    logger says only warnings (not "Started a local Ray instance")."""
+    import logging
+
     from cluster.plugins import plugins_runtime_env
 
     runtime_env = plugins_runtime_env(plugins)
+    logging_level = logging.INFO if log_level == "info" else logging.WARNING
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
         import ray
 
-        return ray.init(address=address, namespace=namespace, **({"runtime_env": runtime_env} if plugins else {}))
+        return ray.init(address=address, namespace=namespace, logging_level=logging_level,
+                        **({"runtime_env": runtime_env} if plugins else {}))
     from cluster.local import init_local_ray
 
-    return init_local_ray(num_cpus=config.num_cpus, namespace=namespace, runtime_env=runtime_env)
+    return init_local_ray(num_cpus=config.num_cpus, namespace=namespace, runtime_env=runtime_env,
+                          logging_level=logging_level)
 
 
 def run_namespace(run: RunConfig) -> str:
@@ -525,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="a module of yours that registers an environment, algorithm or backend: imported here "
                              "before the config is validated and in every worker process of the job (repeatable)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the workers' third-party output too (vLLM, torch, Ray): run.log_level=info")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     args = parser.parse_args(argv)
     config_path = args.config
@@ -545,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         transform = partial(miniature, gpus="gpus" if args.keep_gpus else "cpu")
     try:
         import_plugins(tuple(args.plugin))
-        config = load_config(JobConfig, config_path, args.overrides, transform)
+        config = load_config(JobConfig, config_path, args.overrides + ["run.log_level=info"] * args.verbose,
+                             transform)
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -617,7 +631,7 @@ def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
         print(exc, file=sys.stderr)
         return 2
     namespace = run_namespace(config.run)
-    connect(config.cluster, namespace, plugins)
+    context = connect(config.cluster, namespace, plugins, config.run.log_level)
     import ray
 
     if ray.util.list_named_actors():  # this namespace's, alive
@@ -634,13 +648,14 @@ def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...]
         remove_run_outputs(Path(config.run.dir))
     for key, (old, new) in changes.items():
         print(f"resume: {key} changed from {old!r} to {new!r}", flush=True)
-    print(banner(config, namespace, resume), flush=True)
+    print(banner(config, namespace, resume, context.dashboard_url), flush=True)
     print(config.cluster.plan.describe(), flush=True)
     return None
 
 
-def banner(config: JobConfig, namespace: str, resume: bool = False) -> str:
-    """What is about to run and where to watch it."""
+def banner(config: JobConfig, namespace: str, resume: bool = False, dashboard: str | None = None) -> str:
+    """What is about to run and where to watch it (`dashboard`: the Ray dashboard's address, when
+    the cluster serves one)."""
     teachers = ", ".join(t.backend for t in config.teachers) or "none"
     metrics = ("off" if config.run.metrics_port is None
                else f"http://{config.run.metrics_host}:{config.run.metrics_port}/metrics")
@@ -649,7 +664,8 @@ def banner(config: JobConfig, namespace: str, resume: bool = False) -> str:
             + (" in all, resumed from its newest checkpoint" if resume else
                f" after a {config.warm_start.num_episodes}-episode warm start" if config.warm_start.num_episodes else "")
             + f"\nrun dir {config.run.dir}; metrics {metrics}; status: python -m jobs.status {config.run.dir}"
-            + f"\nray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>")
+            + f"\nray namespace {namespace}: actors buffer, learner-<rank>, worker-<i>, teacher-<j>"
+            + (f"; dashboard http://{dashboard}" if dashboard else ""))
 
 
 def end_summary(run: TrainingRun, wall_s: float, report: Path | None) -> list[str]:
@@ -675,7 +691,8 @@ def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None
     start = time.monotonic()
     logs = open_logs(config)
     try:
-        return _recovering(config, resume, finish, should_stop, logs, start)
+        with filtered_worker_logs(Path(config.run.dir), config.run.log_level):
+            return _recovering(config, resume, finish, should_stop, logs, start)
     finally:
         for log in logs:
             log.close()

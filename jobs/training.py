@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -122,6 +121,13 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
 METRICS_EVERY_S = 30.0
 """metrics.parquet is rewritten at every checkpoint and, between them, after a step once this
 long has passed (what `jobs.status` reads of a running job; the whole file each time)."""
+BUFFER, JUDGE = "buffer", "judge"
+"""The Ray names of the job's buffer and judge actors (in its namespace; jobs.train.run_namespace)."""
+
+
+def teacher_name(key: int | str) -> str:
+    """The Ray name of teacher service `key`: its bundle's index, or its route's name."""
+    return f"teacher-{key}"
 
 
 class RunStalled(RuntimeError):
@@ -152,7 +158,7 @@ class TrainingRun:
         self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
         self.recoveries = recoveries
         self.metrics.inc("job_recoveries", recoveries)  # a new exporter each time: the job's total
-        self.buffer = create_buffer_actor(config.buffer, name="buffer")
+        self.buffer = create_buffer_actor(config.buffer, name=BUFFER)
         algorithm = config.learner.algorithm
         self.algorithm = ALGORITHMS[algorithm.name]
         self.schedule = None
@@ -189,7 +195,7 @@ class TrainingRun:
         config, plan, algorithm = self.config, self._plan, self.config.learner.algorithm
         self.teachers = []
         if config.teacher is not None and self.algorithm.uses_teacher(algorithm) and self.teacher_active:
-            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=f"teacher-{j}",
+            self.teachers = [create_teacher_service(config.teacher, config.model, config.env, name=teacher_name(j),
                                                     prompt=config.rollout.loop.prompt, named=True,
                                                     num_cpus=plan.teacher.cpus, num_gpus=plan.teacher.gpus,
                                                     scheduling_strategy=self._strategies["teacher"][j])
@@ -197,7 +203,7 @@ class TrainingRun:
         if not self.algorithm.uses_teacher(algorithm):
             return {}
         return {route.name: create_teacher_service(route.teacher, config.model, config.env,
-                                                   name=f"teacher-{route.name}", prompt=config.rollout.loop.prompt,
+                                                   name=teacher_name(route.name), prompt=config.rollout.loop.prompt,
                                                    named=True, num_cpus=0)
                 for route in config.teacher_routes}
 
@@ -211,21 +217,25 @@ class TrainingRun:
         if not self.algorithm.uses_judge(self.config.learner.algorithm):
             return None
         config, plan = self.config, self._plan
-        judge = create_judge_service(config.judge, config.model, config.env, named=True, num_cpus=plan.judge.cpus,
+        judge = create_judge_service(config.judge, config.model, config.env, name=JUDGE, named=True, num_cpus=plan.judge.cpus,
                                      num_gpus=plan.judge.gpus, scheduling_strategy=self._strategies["judge"][0])
         ray.get(judge.check.remote())
         return judge
 
     def _start_pool(self, routed: dict[str, Any]):
+        """The rollout workers, given the services by name (cluster/actor_names.py: Ray restarts them)."""
         from actors.pool import RolloutPool
+        from cluster.actor_names import ActorName
 
         config, plan, strategies = self.config, self._plan, self._strategies
         rollout = config.rollout.model_copy(update={
             "vllm": config.rollout.vllm.model_copy(update={"tensor_parallel_size": plan.rollout_tensor_parallel})})
-        return RolloutPool(plan.rollout.count, rollout, config.model, self.buffer, self.teachers,
+        return RolloutPool(plan.rollout.count, rollout, config.model, ActorName(BUFFER),
+                           [ActorName(teacher_name(j)) for j in range(len(self.teachers))],
                            num_cpus=plan.rollout.cpus, num_gpus=plan.rollout.gpus, placement=strategies["rollout"],
                            env=config.env, algorithm=config.learner.algorithm, teacher_active=self.teacher_active,
-                           named=True, routed_teachers=routed, routes=config.teacher_routes, judge=self.judge,
+                           named=True, routed_teachers={route: ActorName(teacher_name(route)) for route in routed},
+                           routes=config.teacher_routes, judge=None if self.judge is None else ActorName(JUDGE),
                            env_placement=(plan.env.cpus, strategies["env"]) if plan.env.count else None)
 
     @property
@@ -300,8 +310,7 @@ class TrainingRun:
         import ray
 
         from buffer.actor import SampleBatch, encode_trajectories
-        from tqdm import tqdm
-
+        from jobs.console import progress_bar
         from jobs.warm_start import demonstrations, epoch_batches, num_steps
         from learner.algorithms import AlgorithmConfig
         from models.loading import load_tokenizer
@@ -318,7 +327,7 @@ class TrainingRun:
         sft = AlgorithmConfig(name="sft", aggregation=self.config.learner.algorithm.aggregation)
         rows = []
         # One bar, not a line per step (hundreds on the default); warm_start.parquet keeps each step.
-        bar = tqdm(total=total, desc="warm start: SFT", unit="step", file=sys.stderr)
+        bar = progress_bar(total, "warm start: SFT", "step")
         for episodes in epoch_batches(demos, ws):
             if should_stop():
                 break

@@ -57,6 +57,19 @@ def assert_loopback_only(listeners: list[str], metrics_port: int | str) -> None:
     assert not off_loopback, (off_loopback, listeners)
 
 
+THIRD_PARTY_WARNING = re.compile(r"\bWARNING\b|Warning:|\[W\d{4} |core_worker\.cc")
+"""vLLM's and Ray's logging, Python warnings, torch's c10 warnings, Ray's C++ core worker lines."""
+
+
+def assert_quiet_console(out: str, run_dir: Path) -> None:
+    """The console has no third-party warning (the default run.log_level=error) and few lines,
+    while RUN_DIR/logs/workers.log kept the engine's warnings it hid."""
+    assert [line for line in out.splitlines() if THIRD_PARTY_WARNING.search(line)] == []
+    assert len(out.splitlines()) <= 80, len(out.splitlines())
+    kept = (run_dir / "logs" / "workers.log").read_text()
+    assert len(THIRD_PARTY_WARNING.findall(kept)) >= 3  # the engine's start prints several
+
+
 def test_train_checkpoint_metrics_and_resume(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
@@ -80,6 +93,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     assert_loopback_only(listeners, port)
+    assert_quiet_console(out, run_dir)
     # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
     solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
     warm = 2 * -(-solved // 4)
@@ -106,6 +120,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
                               "run.report=true", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_quiet_console(resumed.stdout + resumed.stderr, run_dir)
     assert "resumed from" in resumed.stdout and f"at version {final}" in resumed.stdout
     assert "warm start" not in resumed.stdout  # done once, before the first checkpoint
     assert f"step {final + 1:4d}" in resumed.stdout and f"step {warm + 1:4d} " not in resumed.stdout

@@ -288,6 +288,7 @@ def test_resume_refuses_a_damaged_metrics_file_and_a_fresh_run_a_used_directory(
 
 
 def test_joining_a_cluster_leaves_rays_auth_as_the_user_set_it(monkeypatch):
+    import logging
     import os
 
     import ray
@@ -297,8 +298,9 @@ def test_joining_a_cluster_leaves_rays_auth_as_the_user_set_it(monkeypatch):
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     seen = {}
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs, auth=os.environ.get("RAY_AUTH_MODE")))
-    connect(ClusterConfig(address="10.0.0.5:6379"), "apprentice-x")
-    assert seen == {"address": "10.0.0.5:6379", "namespace": "apprentice-x", "auth": None}
+    connect(ClusterConfig(address="10.0.0.5:6379"), "apprentice-x", log_level="error")
+    assert seen == {"address": "10.0.0.5:6379", "namespace": "apprentice-x", "logging_level": logging.WARNING,
+                    "auth": None}
 
 
 @pytest.mark.parametrize("second_signal", [True, False], ids=["second-signal", "stop-timeout"])
@@ -330,11 +332,12 @@ def test_a_dry_run_runs_every_check_a_start_makes_and_says_which_it_could_not(ca
     # that need the missing model are said not run; nothing starts (no Ray here).
     from jobs.train import main
 
-    status = main(["--dry-run", f"run.dir={tmp_path / 'run'}", "model.path=/nonexistent", "run.eval_split=nosplit",
+    status = main(["--dry-run", "--verbose", f"run.dir={tmp_path / 'run'}", "model.path=/nonexistent", "run.eval_split=nosplit",
                    "teacher.backend=remote", "teacher.remote.url=http://127.0.0.1:9/v1",
                    "cluster.plan.rollout={count: 3, cpus: 1}"])
     out = capsys.readouterr().out
     assert status == 2 and "dry run: 3 check(s) failed" in out
+    assert "  log_level: info\n" in out  # --verbose
     assert "FAILED   model /nonexistent: model.path '/nonexistent' is not a local model directory" in out
     assert "FAILED   run.eval_split: environment 'babyai_text' has no split 'nosplit'" in out
     assert "FAILED   cluster: the resource plan does not fit the cluster (CPU: need 4, have 2) on the embedded node" in out
@@ -373,3 +376,4 @@ def test_the_start_banner_says_what_runs_and_where_to_watch_it():
     assert banner(config, "ns", resume=True).splitlines()[0].endswith("30 steps in all, resumed from its newest checkpoint")
     quiet = load_config(JobConfig, "jobs/configs/babyai_grpo_tiny.yaml", ["run.metrics_port=null"])
     assert "teacher none" in banner(quiet, "ns") and "metrics off" in banner(quiet, "ns")
+    assert banner(quiet, "ns", dashboard="127.0.0.1:8265").endswith("; dashboard http://127.0.0.1:8265")
