@@ -302,7 +302,7 @@ def _check_teachers(config: JobConfig, check: Callable, dry: Checks | None, unav
             if teacher.model.path in unavailable:
                 dry.not_run.append(f"{where} {teacher.model.path}: its model is not available")
             else:
-                check(f"{where} {teacher.model.path}", lambda: _check_model_teacher(config, teacher))
+                check(f"{where} {teacher.model.path}", lambda: _check_model_teacher(config, teacher, student))
 
 
 def _raise(message: str) -> None:
@@ -318,11 +318,15 @@ def _check_teacher_reach(config: JobConfig, teacher: TeacherConfig, student) -> 
                          f"score long turns")
 
 
-def _check_model_teacher(config: JobConfig, teacher: TeacherConfig) -> None:
+def _check_model_teacher(config: JobConfig, teacher: TeacherConfig, student) -> None:
+    """Its tokenizer loads and is the student's (unless teacher.cross_tokenizer); a built teacher's manifest."""
     from models.loading import load_tokenizer, resolve_model_dir
     from teacher.privileged import check_built_teacher
+    from teacher.service import check_same_tokenizer
 
-    load_tokenizer(teacher.model)
+    tokenizer = load_tokenizer(teacher.model)
+    if student is not None and not teacher.cross_tokenizer:
+        check_same_tokenizer(student, tokenizer)
     check_built_teacher(resolve_model_dir(teacher.model), teacher.privileged, config.env, config.rollout.loop.prompt)
 
 

@@ -6,7 +6,8 @@
 - `remote`: an OpenAI-compatible server with vLLM's prompt log-probs (teacher/remote.py).
 
 Model backends (hf, vllm) score in the teacher's own, possibly privileged, context
-(`ModelTeacher`); their tokenizer must be the student's.
+(`ModelTeacher`); their tokenizer is the student's, or with `teacher.cross_tokenizer` another one
+(teacher/cross_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -36,8 +37,18 @@ def _teacher_tokenizer(config, ctx: BuildContext):
     from teacher.service import check_same_tokenizer
 
     tokenizer = load_tokenizer(config.model)
-    check_same_tokenizer(ctx.student_tokenizer, tokenizer)
+    if not config.cross_tokenizer:
+        check_same_tokenizer(ctx.student_tokenizer, tokenizer)
     return tokenizer
+
+
+def _in_student_tokens(config, ctx: BuildContext, backend, tokenizer):
+    """`backend` scores the teacher's tokens: across tokenizers, wrapped to score the student's."""
+    if not config.cross_tokenizer:
+        return backend
+    from teacher.cross_tokenizer import CrossTokenizerBackend
+
+    return CrossTokenizerBackend(backend, ctx.student_tokenizer, tokenizer)
 
 
 def _hf(config, ctx: BuildContext):
@@ -46,7 +57,7 @@ def _hf(config, ctx: BuildContext):
 
     tokenizer = _teacher_tokenizer(config, ctx)
     backend = HFTeacherBackend(load_model(config.model), tokenizer.pad_token_id, config.max_batch_tokens)
-    return _model_teacher(config, ctx, backend, tokenizer)
+    return _model_teacher(config, ctx, _in_student_tokens(config, ctx, backend, tokenizer), tokenizer)
 
 
 def _vllm(config, ctx: BuildContext):
@@ -56,7 +67,8 @@ def _vllm(config, ctx: BuildContext):
 
     tokenizer = _teacher_tokenizer(config, ctx)
     engine = VLLMEngine(resolve_model_dir(config.model), config.vllm, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
-    return _model_teacher(config, ctx, VLLMTeacherBackend(engine), tokenizer)
+    return _model_teacher(config, ctx, _in_student_tokens(config, ctx, VLLMTeacherBackend(engine), tokenizer),
+                          tokenizer)
 
 
 def _remote(config, ctx: BuildContext):
@@ -74,7 +86,8 @@ def _check_remote(config, student_tokenizer) -> int | None:
 
 
 register_teacher_backend("oracle", TeacherBackendEntry(_oracle, scores_text=False))
-register_teacher_backend("hf", TeacherBackendEntry(_hf, loads_model=True))
+register_teacher_backend("hf", TeacherBackendEntry(_hf, loads_model=True, cross_tokenizer=True))
 register_teacher_backend("vllm", TeacherBackendEntry(
-    _vllm, loads_model=True, context_limit=lambda config: ("vllm.max_model_len", config.vllm.max_model_len)))
+    _vllm, loads_model=True, context_limit=lambda config: ("vllm.max_model_len", config.vllm.max_model_len),
+    cross_tokenizer=True))
 register_teacher_backend("remote", TeacherBackendEntry(_remote, check=_check_remote))

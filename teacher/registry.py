@@ -53,6 +53,8 @@ class TeacherBackendEntry:
     """Preflight of what the backend reaches (a server), given the student's tokenizer; raises
     ValueError naming the problem, returns the longest context it accepts (None: no limit known)."""
     context_limit: Callable[["TeacherConfig"], tuple[str, int] | None] = lambda config: None
+    cross_tokenizer: bool = False
+    """It honours `teacher.cross_tokenizer` (a teacher with a tokenizer of its own)."""
     """(config key, tokens): the longest prompt + response its config lets it score, checked against
     rollout.loop.max_context_tokens before any actor starts."""
 

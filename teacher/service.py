@@ -41,7 +41,11 @@ class TeacherConfig(BaseModel):
     backend: str = "oracle"
     """A registered teacher backend (teacher/registry.py; the shipped ones: teacher/builtin.py)."""
     model: ModelConfig = ModelConfig()
-    """Teacher weights (hf and vllm backends); must share the student's tokenizer."""
+    """Teacher weights (hf and vllm backends); they share the student's tokenizer unless `cross_tokenizer`."""
+    cross_tokenizer: bool = False
+    """The teacher's tokenizer differs from the student's: it scores the conversation rendered with its own
+    chat template and its log-probs are mapped back onto the student's tokens (teacher/cross_tokenizer.py;
+    hf and vllm backends; no top-k, no privileged context)."""
     vllm: VLLMConfig = VLLMConfig()
     """How the vllm backend's in-process engine starts (dtype, max_model_len, memory share)."""
     remote: RemoteConfig = RemoteConfig()
@@ -69,6 +73,16 @@ class TeacherConfig(BaseModel):
         if not teacher_backend(self.backend).scores_text and self.privileged.enabled:
             raise ValueError(f"teacher.privileged is for model teachers: the {self.backend} backend scores tool "
                              f"calls against the environment's expert, which already knows the full state")
+        if self.cross_tokenizer:
+            if not teacher_backend(self.backend).cross_tokenizer:
+                raise ValueError(f"teacher.cross_tokenizer: the {self.backend} backend scores in the student's tokens "
+                                 f"only (the hf and vllm backends score across tokenizers)")
+            if self.top_k:
+                raise ValueError("teacher.cross_tokenizer with teacher.top_k > 0: the teacher's top-k tokens are ids "
+                                 "of another vocabulary; set teacher.top_k=0 (and learner.algorithm.topk_kl_coef=0)")
+            if self.privileged.enabled:
+                raise ValueError("teacher.cross_tokenizer with teacher.privileged: privileged context is inserted "
+                                 "in the student's tokens, which this teacher does not read; not supported")
         return self
 
 
@@ -129,7 +143,8 @@ def check_same_tokenizer(student, teacher) -> None:
         s, t = student.get_vocab(), teacher.get_vocab()
         diff = sorted(set(s.items()) ^ set(t.items()))[:5]
         raise ValueError(f"student and teacher tokenizers differ ({len(s)} vs {len(t)} tokens; e.g. {diff}); "
-                         f"OPD scores the student's exact tokens, so both must use the same tokenizer")
+                         f"OPD scores the student's exact tokens: use a teacher with the student's tokenizer, or "
+                         f"set teacher.cross_tokenizer=true to map its log-probs onto them")
     for name in ("eos_token", "pad_token"):
         if getattr(student, name) != getattr(teacher, name):
             raise ValueError(f"student and teacher tokenizers differ in {name}: "

@@ -1,0 +1,190 @@
+"""Scoring the student's tokens with a teacher whose tokenizer differs (docs/algorithms.md §7).
+
+The student's request (ids of its prompt and response, in its own tokenizer) is read back as a
+conversation, the teacher scores it in its own terms, and the teacher's per-token log-probs are
+mapped back onto the student's tokens:
+
+    student ids --(student's ChatML)--> messages --(teacher's chat template)--> teacher prompt ids
+    student response bytes --(teacher's tokenizer)--> teacher response ids --(teacher)--> log-probs
+    teacher log-probs --(byte spans, last-byte rule)--> one log-prob per student token
+
+The last-byte rule: each teacher token's log-prob goes to the student token that holds the
+teacher token's last byte. Every teacher token lands on exactly one student token, so the sum
+over a response (or over any stretch whose ends are boundaries of both tokenizations) is the
+teacher's log-prob of that text; a student token where no teacher token ends gets 0, and the
+log-prob of a teacher token that spans several student tokens lands on the last of them. A
+student turn closed by its end-of-turn token gets the teacher's log-prob of its own end of turn
+(`eos_token`) there.
+
+Each assistant turn is one teacher request (its prompt: the conversation before it rendered by
+the teacher's template with the generation prompt), so the teacher sees what it would see when
+acting itself. Top-k is refused: the teacher's k best tokens are ids of another vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from teacher.backends import ScoreRequest, TeacherBackend, TokenScores
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, printable character -> byte (the inverse of bytes_to_unicode)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+class TokenBytes:
+    """The bytes of each token id of one byte-level BPE tokenizer (Qwen, Llama 3, GPT-2, the tiny one)."""
+
+    def __init__(self, tokenizer) -> None:
+        decoder = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = None if decoder is None else decoder.decoder
+        if type(decoder).__name__ != "ByteLevel":
+            raise ValueError(f"cross-tokenizer scoring reads byte-level BPE tokenizers (Qwen, Llama 3, GPT-2); "
+                             f"{type(tokenizer).__name__} decodes with {type(decoder).__name__}")
+        self.tokenizer = tokenizer
+        self._added = {i: t.content.encode() for i, t in tokenizer.added_tokens_decoder.items()}
+        self._bytes = _byte_decoder()
+
+    def __call__(self, ids) -> list[bytes]:
+        pieces = self.tokenizer.convert_ids_to_tokens(list(ids))
+        return [self._added[i] if i in self._added else bytes(self._bytes[c] for c in piece)
+                for i, piece in zip(ids, pieces)]
+
+
+def spans(pieces: list[bytes]) -> list[tuple[int, int]]:
+    """[start, end) byte offsets of consecutive pieces."""
+    out, at = [], 0
+    for piece in pieces:
+        out.append((at, at + len(piece)))
+        at += len(piece)
+    return out
+
+
+def map_logprobs(student: list[tuple[int, int]], teacher: list[tuple[int, int]],
+                 teacher_logprobs: list[float]) -> list[float]:
+    """One log-prob per student token (byte spans `student`) from the teacher's tokens (byte spans
+    `teacher` over the same bytes) by the last-byte rule (module docstring)."""
+    if (student[-1][1] if student else 0) != (teacher[-1][1] if teacher else 0):
+        raise ValueError(f"student and teacher tokens cover {student[-1][1] if student else 0} and "
+                         f"{teacher[-1][1] if teacher else 0} bytes: not the same text")
+    out = [0.0] * len(student)
+    s = 0
+    for (_, end), logprob in zip(teacher, teacher_logprobs):
+        if end == 0:
+            continue
+        while student[s][1] < end:  # both cover the same bytes in order: s only moves forward
+            s += 1
+        out[s] += logprob
+    return out
+
+
+@dataclass(frozen=True)
+class _Message:
+    role: str
+    content: bytes
+    start: int
+    """Index of the first student token of the content (in the request's prompt + response)."""
+    stop: int
+    """One past the last content token (the end-of-turn token, when there is one, is at `stop`)."""
+    closed: bool
+
+
+class CrossTokenizerBackend:
+    """A TeacherBackend in the student's tokens over `inner`, which scores the teacher's tokens."""
+
+    def __init__(self, inner: TeacherBackend, student_tokenizer, teacher_tokenizer) -> None:
+        self.inner = inner
+        self.student, self.teacher = student_tokenizer, teacher_tokenizer
+        self.student_bytes, self.teacher_bytes = TokenBytes(student_tokenizer), TokenBytes(teacher_tokenizer)
+        self.im_start = student_tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.im_end = student_tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if self.im_start is None or self.im_start == student_tokenizer.unk_token_id or self.im_end is None:
+            raise ValueError("cross-tokenizer scoring reads the student's turns in ChatML (<|im_start|>role ... "
+                             "<|im_end|>, the Qwen format); the student's tokenizer has no <|im_start|> token")
+        if teacher_tokenizer.eos_token_id is None or teacher_tokenizer.chat_template is None:
+            raise ValueError("cross-tokenizer scoring renders the conversation with the teacher's chat template and "
+                             "scores its end of turn (eos_token): the teacher's tokenizer lacks one of them")
+
+    def messages(self, ids: list[int]) -> list[_Message]:
+        """The ChatML turns of the student's ids, each with its content's token range."""
+        out, i = [], 0
+        while i < len(ids):
+            if ids[i] != self.im_start:
+                i += 1
+                continue
+            j = i + 1  # the role runs to the first newline
+            head = b""
+            while j < len(ids) and b"\n" not in head:
+                head += self.student_bytes([ids[j]])[0]
+                j += 1
+            if not head.endswith(b"\n"):
+                raise ValueError("the student's ids break ChatML: a role line does not end where a token ends")
+            stop = j
+            while stop < len(ids) and ids[stop] not in (self.im_end, self.im_start):
+                stop += 1
+            closed = stop < len(ids) and ids[stop] == self.im_end
+            content = b"".join(self.student_bytes(ids[j:stop]))
+            out.append(_Message(head[:-1].decode(), content, j, stop, closed))
+            i = stop + closed
+        return out
+
+    def _teacher_ids(self, text: str) -> list[int]:
+        return self.teacher.encode(text, add_special_tokens=False)
+
+    def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
+        if top_k:
+            raise ValueError("teacher.top_k > 0 across tokenizers: the teacher's top-k tokens are ids of another "
+                             "vocabulary; set teacher.top_k=0 and learner.algorithm.topk_kl_coef=0")
+        jobs, asks = [], []  # per request: (message, its scored start, teacher prompt length, spans)
+        for request in requests:
+            ids = list(request.prompt_ids) + list(request.response_ids)
+            history: list[dict[str, str]] = []
+            plan = []
+            for m in self.messages(ids):
+                if m.role == "assistant" and m.stop + m.closed > len(request.prompt_ids):
+                    first = max(m.start, len(request.prompt_ids))  # a generation prefix in the prompt stays context
+                    before = b"".join(self.student_bytes(ids[m.start:first])).decode()
+                    scored = self.student_bytes(ids[first:m.stop])
+                    student_spans = spans(scored)
+                    text = b"".join(scored)
+                    # A response cut at max_new_tokens can end inside a character: its last bytes
+                    # are no text the teacher can read, and their tokens get 0.
+                    text = text.decode(errors="ignore").encode()
+                    student_spans = [(a, min(b, len(text))) for a, b in student_spans if a < len(text)]
+                    prompt = self._teacher_ids(self.teacher.apply_chat_template(
+                        history, add_generation_prompt=True, tokenize=False) + before)
+                    response = self._teacher_ids(text.decode())
+                    teacher_pieces = self.teacher_bytes(response)
+                    if b"".join(teacher_pieces) != text:
+                        raise ValueError("the teacher's tokenizer changes the text it encodes (a normalizer): its "
+                                         "log-probs cannot be mapped onto the student's bytes")
+                    if m.closed:
+                        response.append(self.teacher.eos_token_id)
+                    plan.append((first, m, student_spans, spans(teacher_pieces)))
+                    asks.append(ScoreRequest(tuple(prompt), tuple(response)))
+                history.append({"role": m.role, "content": m.content.decode()})
+            jobs.append(plan)
+        scores = iter(self.inner.score(asks, 0) if asks else [])
+        out = []
+        for request, plan in zip(requests, jobs):
+            logprobs = [0.0] * (len(request.prompt_ids) + len(request.response_ids))
+            for first, m, student_spans, teacher_spans in plan:
+                got = next(scores).logprobs
+                mapped = map_logprobs(student_spans, teacher_spans, list(got[:len(teacher_spans)]))
+                logprobs[first:first + len(mapped)] = mapped
+                if m.closed:
+                    logprobs[m.stop] = got[-1]
+            out.append(TokenScores(tuple(logprobs[len(request.prompt_ids):])))
+        return out
