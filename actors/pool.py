@@ -228,7 +228,7 @@ class RolloutPool:
         ray.kill(self.workers[index], no_restart=True)
         released = ray.get(self.buffer.abort_owner.remote(f"worker-{index}"))
         print(f"rollout worker {index} left the pool after {self._failures[index]} failed runs in a row "
-              f"({self.left[index]}); {released} leased groups released", flush=True)
+              f"({self.left[index]}); {released} leased groups released; its last error:\n{exc}", flush=True)
 
     def wait(self, timeout_s: float = 600.0) -> None:
         """Block until every run finished (finite max_groups_per_worker)."""

@@ -19,7 +19,6 @@ level of the line before them (a warning's source line, a traceback's frames).
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 from pathlib import Path
@@ -91,24 +90,29 @@ class WorkerLogs:
             for line in data.get("lines", []):
                 level = classify(line, self._previous.get(stream))
                 self._previous[stream] = level
-                self._file.write(f"{who} {line}\n")
+                if self._file is not None:
+                    self._file.write(f"{who} {line}\n")
                 if level is None or RANK[level] >= self.threshold:
                     kept.append(line)
                 else:
                     self.num_hidden += 1
-            self._file.flush()
+            if self._file is not None:
+                self._file.flush()
         return kept
 
     def handle(self, data: dict[str, Any]) -> None:
         from ray._private.worker import print_to_stdstream
 
-        kept = self.keep(data)
+        # The autoscaler's status reports, which Ray's printer reduces to its events itself.
+        kept = data.get("lines", []) if data.get("pid") == "autoscaler" else self.keep(data)
         if kept:
             print_to_stdstream({**data, "lines": kept}, ignore_prefix=False)
 
     def close(self) -> None:
+        """The file is closed; the filter goes on (nothing more is written)."""
         with self._lock:
             self._file.close()
+            self._file = None
 
 
 def progress_bar(total: int, desc: str, unit: str):
@@ -127,8 +131,9 @@ HANDLER = "ray_print_logs"
 
 @contextlib.contextmanager
 def filtered_worker_logs(run_dir: Path, level: LogLevel) -> Iterator[WorkerLogs]:
-    """A WorkerLogs in place of Ray's printer of the workers' output (after `ray.init`), and
-    Ray's printer back afterwards."""
+    """A WorkerLogs in place of Ray's printer of the workers' output (after `ray.init`). After the
+    block it keeps filtering what arrives late (an actor's last progress bar after the summary) but
+    writes no more to the file; `ray.shutdown` removes it, as it removes Ray's printer."""
     from ray._private import worker
 
     dispatcher = worker.global_worker_stdstream_dispatcher
@@ -138,7 +143,4 @@ def filtered_worker_logs(run_dir: Path, level: LogLevel) -> Iterator[WorkerLogs]
     try:
         yield logs
     finally:
-        dispatcher.remove_handler(HANDLER)
         logs.close()
-        if worker.global_worker.connected:
-            dispatcher.add_handler(HANDLER, functools.partial(worker.print_to_stdstream, ignore_prefix=False))

@@ -95,6 +95,7 @@ def build_tiny_model(preset: TinyPreset, seed: int, out_dir: Path) -> None:
     """Train the tokenizer, initialise the model, save both to `out_dir`."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     tokenizer = build_tokenizer(preset.vocab_size, seed)
     tokenizer.save_pretrained(out_dir)
@@ -121,7 +122,14 @@ def build_tiny_model(preset: TinyPreset, seed: int, out_dir: Path) -> None:
         torch.random.set_rng_state(generator_state)
     model.generation_config.eos_token_id = [config.eos_token_id, config.pad_token_id]
     model.generation_config.pad_token_id = config.pad_token_id
-    model.save_pretrained(out_dir)
+    # A one-shard progress bar is noise in a job's console (first use of a tiny model).
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out_dir)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def build_tokenizer(vocab_size: int, seed: int):

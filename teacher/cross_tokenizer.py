@@ -1,4 +1,4 @@
-"""Scoring the student's tokens with a teacher whose tokenizer differs (docs/algorithms.md §7).
+"""Scoring the student's tokens with a teacher whose tokenizer differs (docs/algorithms.md §9).
 
 The student's request (ids of its prompt and response, in its own tokenizer) is read back as a
 conversation, the teacher scores it in its own terms, and the teacher's per-token log-probs are
@@ -59,7 +59,9 @@ class TokenBytes:
 
     def __call__(self, ids) -> list[bytes]:
         pieces = self.tokenizer.convert_ids_to_tokens(list(ids))
-        return [self._added[i] if i in self._added else bytes(self._bytes[c] for c in piece)
+        # An id past the tokenizer (a model's embedding rows are padded, and an untrained one
+        # samples them) has no text: no bytes, and the mapping gives it 0.
+        return [self._added[i] if i in self._added else b"" if piece is None else bytes(self._bytes[c] for c in piece)
                 for i, piece in zip(ids, pieces)]
 
 
@@ -90,6 +92,17 @@ def map_logprobs(student: list[tuple[int, int]], teacher: list[tuple[int, int]],
     return out
 
 
+def _text_prefix(data: bytes) -> bytes:
+    """`data` up to its first byte that is not UTF-8 text: a response cut at max_new_tokens inside a
+    character, or an untrained student's stray byte tokens. The teacher reads text, so the student
+    tokens of the rest get 0 (which reverse KL reads as the teacher agreeing: a stated limit)."""
+    try:
+        data.decode()
+        return data
+    except UnicodeDecodeError as exc:
+        return data[:exc.start]
+
+
 @dataclass(frozen=True)
 class _Message:
     role: str
@@ -117,26 +130,35 @@ class CrossTokenizerBackend:
             raise ValueError("cross-tokenizer scoring renders the conversation with the teacher's chat template and "
                              "scores its end of turn (eos_token): the teacher's tokenizer lacks one of them")
 
+    def _role_at(self, ids: list[int], i: int, first: bool) -> tuple[str, int] | None:
+        """(role, index of the content's first token) when ids[i] opens a turn: <|im_start|>, a role
+        the template renders there, a newline. None: an <|im_start|> an untrained student sampled
+        inside its response, which is content."""
+        j, head = i + 1, b""
+        while j < len(ids) and b"\n" not in head and len(head) < 16:
+            head += self.student_bytes([ids[j]])[0]
+            j += 1
+        role = head[:-1].decode(errors="replace")
+        if head.endswith(b"\n") and (role in ("user", "assistant") or (role == "system" and first)):
+            return role, j
+        return None
+
     def messages(self, ids: list[int]) -> list[_Message]:
-        """The ChatML turns of the student's ids, each with its content's token range."""
+        """The ChatML turns of the student's ids, each with its content's token range. A turn ends at
+        <|im_end|> or where the next turn opens; tokens between turns belong to none."""
         out, i = [], 0
         while i < len(ids):
-            if ids[i] != self.im_start:
+            opened = self._role_at(ids, i, not out) if ids[i] == self.im_start else None
+            if opened is None:
                 i += 1
                 continue
-            j = i + 1  # the role runs to the first newline
-            head = b""
-            while j < len(ids) and b"\n" not in head:
-                head += self.student_bytes([ids[j]])[0]
-                j += 1
-            if not head.endswith(b"\n"):
-                raise ValueError("the student's ids break ChatML: a role line does not end where a token ends")
-            stop = j
-            while stop < len(ids) and ids[stop] not in (self.im_end, self.im_start):
+            role, start = opened
+            stop = start
+            while stop < len(ids) and ids[stop] != self.im_end and \
+                    not (ids[stop] == self.im_start and self._role_at(ids, stop, False)):
                 stop += 1
             closed = stop < len(ids) and ids[stop] == self.im_end
-            content = b"".join(self.student_bytes(ids[j:stop]))
-            out.append(_Message(head[:-1].decode(), content, j, stop, closed))
+            out.append(_Message(role, b"".join(self.student_bytes(ids[start:stop])), start, stop, closed))
             i = stop + closed
         return out
 
@@ -147,7 +169,7 @@ class CrossTokenizerBackend:
         if top_k:
             raise ValueError("teacher.top_k > 0 across tokenizers: the teacher's top-k tokens are ids of another "
                              "vocabulary; set teacher.top_k=0 and learner.algorithm.topk_kl_coef=0")
-        jobs, asks = [], []  # per request: (message, its scored start, teacher prompt length, spans)
+        jobs, asks = [], []  # per request, per scored turn: (first scored index, end-of-turn index, closed, spans)
         for request in requests:
             ids = list(request.prompt_ids) + list(request.response_ids)
             history: list[dict[str, str]] = []
@@ -155,13 +177,12 @@ class CrossTokenizerBackend:
             for m in self.messages(ids):
                 if m.role == "assistant" and m.stop + m.closed > len(request.prompt_ids):
                     first = max(m.start, len(request.prompt_ids))  # a generation prefix in the prompt stays context
-                    before = b"".join(self.student_bytes(ids[m.start:first])).decode()
+                    before = b"".join(self.student_bytes(ids[m.start:first])).decode(errors="replace")
                     scored = self.student_bytes(ids[first:m.stop])
                     student_spans = spans(scored)
                     text = b"".join(scored)
-                    # A response cut at max_new_tokens can end inside a character: its last bytes
-                    # are no text the teacher can read, and their tokens get 0.
-                    text = text.decode(errors="ignore").encode()
+                    whole = len(_text_prefix(text)) == len(text)
+                    text = _text_prefix(text)
                     student_spans = [(a, min(b, len(text))) for a, b in student_spans if a < len(text)]
                     prompt = self._teacher_ids(self.teacher.apply_chat_template(
                         history, add_generation_prompt=True, tokenize=False) + before)
@@ -170,21 +191,22 @@ class CrossTokenizerBackend:
                     if b"".join(teacher_pieces) != text:
                         raise ValueError("the teacher's tokenizer changes the text it encodes (a normalizer): its "
                                          "log-probs cannot be mapped onto the student's bytes")
-                    if m.closed:
+                    closed = m.closed and whole  # its end of turn follows text the teacher did not read
+                    if closed:
                         response.append(self.teacher.eos_token_id)
-                    plan.append((first, m, student_spans, spans(teacher_pieces)))
+                    plan.append((first, m.stop, closed, student_spans, spans(teacher_pieces)))
                     asks.append(ScoreRequest(tuple(prompt), tuple(response)))
-                history.append({"role": m.role, "content": m.content.decode()})
+                history.append({"role": m.role, "content": m.content.decode(errors="replace")})
             jobs.append(plan)
         scores = iter(self.inner.score(asks, 0) if asks else [])
         out = []
         for request, plan in zip(requests, jobs):
             logprobs = [0.0] * (len(request.prompt_ids) + len(request.response_ids))
-            for first, m, student_spans, teacher_spans in plan:
+            for first, stop, closed, student_spans, teacher_spans in plan:
                 got = next(scores).logprobs
                 mapped = map_logprobs(student_spans, teacher_spans, list(got[:len(teacher_spans)]))
                 logprobs[first:first + len(mapped)] = mapped
-                if m.closed:
-                    logprobs[m.stop] = got[-1]
+                if closed:
+                    logprobs[stop] = got[-1]
             out.append(TokenScores(tuple(logprobs[len(request.prompt_ids):])))
         return out

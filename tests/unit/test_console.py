@@ -81,13 +81,15 @@ def test_streams_keep_their_own_continuation(tmp_path):
     logs.close()
 
 
-def test_the_filter_replaces_rays_printer_and_gives_it_back(tmp_path):
+def test_the_filter_replaces_rays_printer_and_stays_after_the_job(tmp_path):
     from ray._private.worker import global_worker_stdstream_dispatcher as dispatcher
 
-    before = list(dispatcher.handlers)
     with filtered_worker_logs(tmp_path, "error") as logs:
-        names = [name for name, _ in dispatcher.handlers]
-        assert names.count("ray_print_logs") == 1
+        assert [name for name, _ in dispatcher.handlers].count("ray_print_logs") == 1
         assert dict(dispatcher.handlers)["ray_print_logs"] == logs.handle
-    # Ray is not connected here: its printer is re-added only by a connected ray.init
-    assert [name for name, _ in dispatcher.handlers] == [name for name, _ in before if name != "ray_print_logs"]
+        assert logs.keep(batch([OURS])) == [OURS]
+    # late output (an actor's last progress bar) is still filtered, and no longer written
+    assert dict(dispatcher.handlers)["ray_print_logs"] == logs.handle
+    assert logs.keep(batch([PROGRESS, OURS])) == [OURS]
+    assert (tmp_path / "logs" / "workers.log").read_text().splitlines() == [f"(RolloutWorker(worker-0) pid=24286) {OURS}"]
+    dispatcher.remove_handler("ray_print_logs")
