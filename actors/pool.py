@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cluster.actor_names import resolve
 from actors.rollout_worker import RolloutConfig, RolloutWorker, WorkerSpec
 from actors.routing import DEFAULT_ROUTE
+from cluster.actor_names import resolve
 from models.loading import ModelConfig
 
 EXTRA_WORKER_SEEDS = 100_000_000
@@ -60,10 +60,10 @@ class RolloutPool:
                  routed_teachers: dict[str, Any] | None = None, routes: tuple = (), judge=None,
                  env_placement: tuple[float, list] | None = None) -> None:
         """`buffer`, `teachers`, `routed_teachers`' values and `judge`: handles, or names of the job's
-        actors (cluster.actor_names); `env`, `algorithm`, `teacher_active` and `judge`: see `WorkerSpec`; `named`: worker i is
-        the named actor `worker-<i>` (in the job's namespace); `env_placement`: (CPUs of each
-        environment actor, the plan's strategies for them: `RolloutConfig.num_env_actors` per
-        worker, in worker order). Workers added later (a stopped teacher's bundles) run theirs
+        actors (cluster.actor_names); `env`, `algorithm`, `teacher_active` and `judge`: see
+        `WorkerSpec`; `named`: worker i is the named actor `worker-<i>` (in the job's namespace);
+        `env_placement`: (CPUs of each environment actor, the plan's strategies for them:
+        `RolloutConfig.num_env_actors` per worker, in worker order). Workers added later (a stopped teacher's bundles) run theirs
         unreserved."""
         import ray
 

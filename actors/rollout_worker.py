@@ -151,7 +151,8 @@ class WorkerSpec:
     config: RolloutConfig
     model: ModelConfig
     buffer: Any
-    """The replay buffer actor (its handle, or its cluster.actor_names.ActorName: so are the teachers and the judge)."""
+    """The replay buffer actor: its handle, or its name (cluster.actor_names.ActorName), as are the
+    teachers and the judge."""
     env: EnvConfig | None = None
     """The job's environment (None: the default environment)."""
     algorithm: AlgorithmConfig | None = None
@@ -194,7 +195,8 @@ class RolloutWorker:
         self.segment_stages = []
         self.curriculum = None
         if algorithm is not None:
-            judge = None if spec.judge is None else functools.partial(self._ask, "the judge", resolve(spec.judge), "judge")
+            judge = None if spec.judge is None else \
+                functools.partial(self._ask, "the judge", resolve(spec.judge), "judge")
             context = StageContext(worker_index, self._score if self.teachers else None, judge)
 
             def build(factories):

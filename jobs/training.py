@@ -217,8 +217,8 @@ class TrainingRun:
         if not self.algorithm.uses_judge(self.config.learner.algorithm):
             return None
         config, plan = self.config, self._plan
-        judge = create_judge_service(config.judge, config.model, config.env, name=JUDGE, named=True, num_cpus=plan.judge.cpus,
-                                     num_gpus=plan.judge.gpus, scheduling_strategy=self._strategies["judge"][0])
+        judge = create_judge_service(config.judge, config.model, config.env, name=JUDGE, named=True,
+                                     num_cpus=plan.judge.cpus, num_gpus=plan.judge.gpus, scheduling_strategy=self._strategies["judge"][0])
         ray.get(judge.check.remote())
         return judge
 
