@@ -218,7 +218,8 @@ class TrainingRun:
             return None
         config, plan = self.config, self._plan
         judge = create_judge_service(config.judge, config.model, config.env, name=JUDGE, named=True,
-                                     num_cpus=plan.judge.cpus, num_gpus=plan.judge.gpus, scheduling_strategy=self._strategies["judge"][0])
+                                     num_cpus=plan.judge.cpus, num_gpus=plan.judge.gpus,
+                                     scheduling_strategy=self._strategies["judge"][0])
         ray.get(judge.check.remote())
         return judge
 
