@@ -27,7 +27,7 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = "tiny:tiny"
-    """'tiny:<preset>' (nano, nano384, tiny, small), a local HF model directory, or a Hub name (Qwen/Qwen3-1.7B)."""
+    """'tiny:<preset>' (nano, nano384, tiny, tiny384, small), a local HF model directory, or a Hub name (Qwen/Qwen3-1.7B)."""
     seed: int = Field(default=0, ge=0)
     """Initialisation seed of a tiny model (ignored for a directory)."""
     cache_dir: str | None = None

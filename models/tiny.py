@@ -60,6 +60,9 @@ PRESETS: dict[str, TinyPreset] = {
     # ~3.5M parameters: the embedded default.
     "tiny": TinyPreset(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    # tiny with nano384's tokenizer: the same teacher behind another tokenizer (benchmarks/cross_tokenizer.py).
+    "tiny384": TinyPreset(vocab_size=384, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64),
     # ~25M parameters: still trains on a CPU, for longer runs.
     "small": TinyPreset(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=64),

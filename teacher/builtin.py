@@ -7,7 +7,7 @@
 
 Model backends (hf, vllm) score in the teacher's own, possibly privileged, context
 (`ModelTeacher`); their tokenizer is the student's, or with `teacher.cross_tokenizer` another one
-(teacher/cross_tokenizer.py).
+(teacher/cross_tokenizer.py; for `remote`, teacher.model names the served model's tokenizer).
 """
 
 from __future__ import annotations
@@ -71,18 +71,27 @@ def _vllm(config, ctx: BuildContext):
                           tokenizer)
 
 
+def _served_tokenizer(config, student_tokenizer):
+    """The tokenizer the remote server must tokenise like: the student's, or across tokenizers
+    the teacher's own (teacher.model names it)."""
+    from models.loading import load_tokenizer
+
+    return (load_tokenizer(config.model), "teacher.model tokenizer") if config.cross_tokenizer \
+        else (student_tokenizer, "student")
+
+
 def _remote(config, ctx: BuildContext):
     from teacher.remote import RemoteTeacherBackend
 
-    # The server's tokenizer is checked against the student's (`check_server`): one tokenizer.
-    return _model_teacher(config, ctx, RemoteTeacherBackend(config.remote, ctx.student_tokenizer),
-                          ctx.student_tokenizer)
+    tokenizer, whose = _served_tokenizer(config, ctx.student_tokenizer)  # checked against the server's
+    backend = RemoteTeacherBackend(config.remote, tokenizer, whose)
+    return _model_teacher(config, ctx, _in_student_tokens(config, ctx, backend, tokenizer), tokenizer)
 
 
 def _check_remote(config, student_tokenizer) -> int | None:
     from teacher.remote import check_server
 
-    return check_server(config.remote, student_tokenizer)[1] or None
+    return check_server(config.remote, *_served_tokenizer(config, student_tokenizer))[1] or None
 
 
 register_teacher_backend("oracle", TeacherBackendEntry(_oracle, scores_text=False))
@@ -90,4 +99,4 @@ register_teacher_backend("hf", TeacherBackendEntry(_hf, loads_model=True, cross_
 register_teacher_backend("vllm", TeacherBackendEntry(
     _vllm, loads_model=True, context_limit=lambda config: ("vllm.max_model_len", config.vllm.max_model_len),
     cross_tokenizer=True))
-register_teacher_backend("remote", TeacherBackendEntry(_remote, check=_check_remote))
+register_teacher_backend("remote", TeacherBackendEntry(_remote, check=_check_remote, cross_tokenizer=True))

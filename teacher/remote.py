@@ -67,9 +67,10 @@ def _get_json(url: str, payload: dict | None, config: RemoteConfig) -> dict:
         return json.loads(response.read())
 
 
-def check_server(config: RemoteConfig, student_tokenizer) -> tuple[str, int]:
+def check_server(config: RemoteConfig, tokenizer, whose: str = "student") -> tuple[str, int]:
     """(served model name, its max_model_len) after checking that the server answers and
-    tokenises like the student; ValueError naming the problem otherwise."""
+    tokenises like `tokenizer` (the student's; with teacher.cross_tokenizer, the teacher's own);
+    ValueError naming the problem otherwise."""
     if config.api_key_env and config.api_key_env not in os.environ:
         raise ValueError(f"teacher.remote.api_key_env names {config.api_key_env!r}, which is not set")
     try:
@@ -86,13 +87,15 @@ def check_server(config: RemoteConfig, student_tokenizer) -> tuple[str, int]:
     max_len = next(m.get("max_model_len") for m in models if m["id"] == name)
     served = _get_json(f"{_server_root(config.url)}/tokenize",
                        {"model": name, "prompt": PROBE, "add_special_tokens": False}, config)["tokens"]
-    ours = student_tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    ours = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
     if served != ours:
         first = next((i for i, (a, b) in enumerate(zip(served, ours)) if a != b), min(len(served), len(ours)))
-        raise ValueError(f"the teacher served at {config.url} ({name}) tokenises differently from the student: "
+        hint = ("OPD scores the student's exact tokens: serve a teacher with the student's tokenizer, or set "
+                "teacher.cross_tokenizer=true and teacher.model to the served model's tokenizer"
+                if whose == "student" else "teacher.model must name the served model's tokenizer")
+        raise ValueError(f"the teacher served at {config.url} ({name}) tokenises differently from the {whose}: "
                          f"the probe gives {len(served)} vs {len(ours)} ids, first difference at id {first} "
-                         f"(server {served[first:first + 3]}, student {ours[first:first + 3]}); OPD scores the "
-                         f"student's exact tokens, so both must use one tokenizer")
+                         f"(server {served[first:first + 3]}, {whose} {ours[first:first + 3]}); {hint}")
     return name, int(max_len or 0)
 
 
@@ -100,11 +103,12 @@ class RemoteTeacherBackend:
     """TeacherBackend over HTTP; its event loop runs on a thread of its own, so `score` can be
     called from any thread (the teacher service calls it from an executor)."""
 
-    def __init__(self, config: RemoteConfig, student_tokenizer) -> None:
+    def __init__(self, config: RemoteConfig, tokenizer, whose: str = "student") -> None:
+        """`tokenizer`: the one the server must tokenise like (`check_server`), whose ids it scores."""
         from openai import AsyncOpenAI
 
         self.config = config
-        self.model, self.max_model_len = check_server(config, student_tokenizer)
+        self.model, self.max_model_len = check_server(config, tokenizer, whose)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="remote-teacher", daemon=True)
         self._thread.start()

@@ -45,7 +45,8 @@ class TeacherConfig(BaseModel):
     cross_tokenizer: bool = False
     """The teacher's tokenizer differs from the student's: it scores the conversation rendered with its own
     chat template and its log-probs are mapped back onto the student's tokens (teacher/cross_tokenizer.py;
-    hf and vllm backends; no top-k, no privileged context)."""
+    hf, vllm and remote backends (for remote, `model` names the served model's tokenizer); no top-k,
+    no privileged context)."""
     vllm: VLLMConfig = VLLMConfig()
     """How the vllm backend's in-process engine starts (dtype, max_model_len, memory share)."""
     remote: RemoteConfig = RemoteConfig()
@@ -76,7 +77,7 @@ class TeacherConfig(BaseModel):
         if self.cross_tokenizer:
             if not teacher_backend(self.backend).cross_tokenizer:
                 raise ValueError(f"teacher.cross_tokenizer: the {self.backend} backend scores in the student's tokens "
-                                 f"only (the hf and vllm backends score across tokenizers)")
+                                 f"only (the hf, vllm and remote backends score across tokenizers)")
             if self.top_k:
                 raise ValueError("teacher.cross_tokenizer with teacher.top_k > 0: the teacher's top-k tokens are ids "
                                  "of another vocabulary; set teacher.top_k=0 (and learner.algorithm.topk_kl_coef=0)")

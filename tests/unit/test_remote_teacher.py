@@ -25,7 +25,7 @@ class FakeServer:
     """/v1/models, /tokenize and /v1/completions with prompt log-probs like vLLM's; the first
     `num_failures` completions answer 503."""
 
-    def __init__(self, num_failures: int = 0, tokenize_shift: int = 0) -> None:
+    def __init__(self, num_failures: int = 0, tokenize_shift: int = 0, tokenizer=TOKENIZER) -> None:
         state = self
         self.num_failures, self.completions, self.auth = num_failures, 0, []
 
@@ -38,7 +38,7 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 state.auth.append(self.headers.get("Authorization"))
                 if self.path == "/tokenize":
-                    ids = TOKENIZER(body["prompt"], add_special_tokens=False)["input_ids"]
+                    ids = tokenizer(body["prompt"], add_special_tokens=False)["input_ids"]
                     self.reply(200, {"tokens": [i + tokenize_shift for i in ids]})
                     return
                 assert self.path == "/v1/completions" and body["max_tokens"] == 1
@@ -135,3 +135,34 @@ def test_preflight_refuses_a_prompt_budget_longer_than_the_remote_teachers_conte
         preflight(config)
     preflight(load_config(JobConfig, "jobs/configs/babyai_opd_remote_tiny.yaml",
                           overrides + ["rollout.loop.max_context_tokens=512"]))
+
+
+def test_a_server_with_another_tokenizer_scores_across_tokenizers():
+    """teacher.cross_tokenizer with the remote backend: the server tokenises like teacher.model's
+    tokenizer (nano384), not the student's (nano); the student's tokens get the mapped log-probs."""
+    from teacher.builtin import _check_remote, _remote
+    from teacher.registry import BuildContext
+    from teacher.service import TeacherConfig
+    from tests.unit.test_cross_tokenizer import conversation
+
+    teacher_tok = load_tokenizer(ModelConfig(path="tiny:nano384"))
+    other = FakeServer(tokenizer=teacher_tok)
+    try:
+        plain = TeacherConfig(backend="remote", remote=RemoteConfig(url=other.url))
+        with pytest.raises(ValueError, match="teacher.cross_tokenizer=true"):
+            _check_remote(plain, TOKENIZER)
+        config = TeacherConfig(backend="remote", remote=RemoteConfig(url=other.url), cross_tokenizer=True,
+                               model=ModelConfig(path="tiny:nano384"))
+        assert _check_remote(config, TOKENIZER) == 512
+        scorer = _remote(config, BuildContext(TOKENIZER, None, None))
+        prompt_ids, response_ids = conversation(TOKENIZER, ["go to the red ball"])
+        scored = scorer.backend.score([ScoreRequest(tuple(prompt_ids), tuple(response_ids))])[0].logprobs
+        text = teacher_tok.encode("go to the red ball", add_special_tokens=False) + [teacher_tok.eos_token_id]
+        prompt = teacher_tok.apply_chat_template(
+            [{"role": "system", "content": "You are an agent in a grid world."},
+             {"role": "user", "content": "Your task: go to the red ball."}], add_generation_prompt=True, tokenize=False)
+        start = len(teacher_tok.encode(prompt, add_special_tokens=False))
+        expected = sum(logprob(start + j, token) for j, token in enumerate(text))
+        assert len(scored) == len(response_ids) and abs(sum(scored) - expected) < 1e-9
+    finally:
+        other.close()
