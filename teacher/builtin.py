@@ -28,7 +28,10 @@ def _model_teacher(config, ctx: BuildContext, backend, teacher_tokenizer):
 
     prompts = None
     if config.privileged.enabled:
-        prompts = TeacherPromptBuilder(teacher_tokenizer, ctx.env, PrivilegedContext(config.privileged), ctx.prompt)
+        # Across tokenizers c+ goes into the student's ids, which the cross-tokenizer backend reads
+        # back as turns and renders in the teacher's template, c+ with the system turn.
+        tokenizer = ctx.student_tokenizer if config.cross_tokenizer else teacher_tokenizer
+        prompts = TeacherPromptBuilder(tokenizer, ctx.env, PrivilegedContext(config.privileged), ctx.prompt)
     return ModelTeacher(backend, prompts)
 
 

@@ -45,8 +45,7 @@ class TeacherConfig(BaseModel):
     cross_tokenizer: bool = False
     """The teacher's tokenizer differs from the student's: it scores the conversation rendered with its own
     chat template and its log-probs are mapped back onto the student's tokens (teacher/cross_tokenizer.py;
-    hf, vllm and remote backends (for remote, `model` names the served model's tokenizer); no top-k,
-    no privileged context)."""
+    hf, vllm and remote backends (for remote, `model` names the served model's tokenizer); no top-k)."""
     vllm: VLLMConfig = VLLMConfig()
     """How the vllm backend's in-process engine starts (dtype, max_model_len, memory share)."""
     remote: RemoteConfig = RemoteConfig()
@@ -81,9 +80,6 @@ class TeacherConfig(BaseModel):
             if self.top_k:
                 raise ValueError("teacher.cross_tokenizer with teacher.top_k > 0: the teacher's top-k tokens are ids "
                                  "of another vocabulary; set teacher.top_k=0 (and learner.algorithm.topk_kl_coef=0)")
-            if self.privileged.enabled:
-                raise ValueError("teacher.cross_tokenizer with teacher.privileged: privileged context is inserted "
-                                 "in the student's tokens, which this teacher does not read; not supported")
         return self
 
 
