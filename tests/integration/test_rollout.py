@@ -35,13 +35,16 @@ def rollout_config(**kw):
                          loop=LoopConfig(max_turns=3), **kw)
 
 
-def test_pool_with_oracle_teachers_fills_the_buffer(ray_session):
+def test_pool_with_an_oracle_and_a_cross_tokenizer_teacher_fills_the_buffer(ray_session):
+    """Teacher 0 is the oracle; teacher 1 a model whose tokenizer is not the student's (nano384 for
+    the nano student, teacher.cross_tokenizer), built in its actor from the registry like any other."""
     import ray
 
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    teachers = [create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
-                                       BabyAITextConfig(), name=f"teacher-{j}", num_cpus=0)
-                for j in range(2)]
+    cross = TeacherConfig(backend="hf", model=ModelConfig(path="tiny:nano384"), cross_tokenizer=True,
+                          batch_window_s=0.05)
+    teachers = [create_teacher_service(config, NANO, BabyAITextConfig(), name=f"teacher-{j}", num_cpus=0)
+                for j, config in enumerate([TeacherConfig(backend="oracle", batch_window_s=0.05), cross])]
     pool = RolloutPool(2, rollout_config(), NANO, buffer, teachers, num_cpus=0.5,
                        algorithm=AlgorithmConfig(name="opd"))
     pool.start(max_groups_per_worker=3)
@@ -60,6 +63,10 @@ def test_pool_with_oracle_teachers_fills_the_buffer(ray_session):
     # Both episodes of a group ran the same task.
     for g in groups:
         assert len({(s.split, s.task_seed) for s in samples if s.group_id == g}) == 1
+    # The cross-tokenizer teacher scored the untrained student's text (its exactness: unit tests).
+    crossed = [s for s in samples if s.group_id.startswith("worker-1:")]
+    assert all(lp <= 0 for s in crossed for lp in s.teacher_logprobs)
+    assert sum(lp < 0 for s in crossed for lp in s.teacher_logprobs) > len(crossed)
     # Worker i sends its 3 groups to teacher i.
     stats = ray.get([t.stats.remote() for t in teachers])
     assert [s["num_requests"] for s in stats] == [3, 3]
