@@ -2,6 +2,7 @@
 one, without reading its logs.
 
     python -m jobs.status RUN_DIR
+    python -m jobs.status --address HOST:PORT     (a live job's metrics endpoint, from its banner)
 
 Reads config.yaml (run.steps), metrics.parquet (rewritten atomically at every checkpoint and at
 least every 30 s of steps, jobs.training.METRICS_EVERY_S: a running job's file is whole and at
@@ -9,6 +10,10 @@ most that far behind) and summary.json (written when the job closes). Prints the
 state (running, finished, stopped), the version against the planned steps, the last and best
 evaluation, the last step's training numbers, throughput and timing, staleness and drops,
 restarts, and an ETA from the median wall time of the last steps.
+
+`--address` reads the same numbers as they are now from the job's Prometheus endpoint
+(`run.metrics_host:run.metrics_port`, cluster/metrics.py): for a job whose run directory is on
+another machine (the head of a cluster); it knows no history, so no best evaluation or ETA.
 """
 
 from __future__ import annotations
@@ -86,13 +91,62 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
     return lines
 
 
+def live_status_lines(address: str, timeout_s: float = 5.0) -> list[str]:
+    """The report of a live job from its metrics endpoint; ValueError when it does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = address if "://" in address else f"http://{address}"
+    url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        raise ValueError(f"no metrics at {url} ({exc}): is the job running, with run.metrics_port set?") from None
+    values: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values.setdefault(sample.name.removeprefix("apprentice_"), {})[tuple(sorted(sample.labels.items()))] = \
+                sample.value
+    if "learner_version" not in values:
+        raise ValueError(f"{url} is not an Apprentice job's endpoint (no apprentice_learner_version)")
+
+    def one(name: str) -> float:
+        return next(iter(values.get(name, {0: float("nan")}).values()))
+
+    def by(name: str, label: str) -> dict[str, float]:
+        return {dict(key)[label]: value for key, value in values.get(name, {}).items() if label in dict(key)}
+
+    evals = by("eval_success", "task_type")
+    overall = evals.pop("overall", None)
+    staleness_count = one("consumed_staleness_count")
+    mean_staleness = one("consumed_staleness_sum") / staleness_count if staleness_count else float("nan")
+    drops = ", ".join(f"{reason} {value:.0f}" for reason, value in sorted(by("buffer_dropped_total", "reason").items()))
+    restarts = ", ".join(f"{c} {v:.0f}" for c, v in sorted(by("actor_restarts_total", "component").items()))
+    return [
+        f"job        {url}",
+        f"version    {one('learner_version'):.0f}",
+        "eval       " + ("none yet" if overall is None else f"{overall:.3f}"
+                         + "".join(f"; {name} {value:.2f}" for name, value in sorted(evals.items()))),
+        f"train      reverse KL {one('opd_reverse_kl'):.3f}, format errors {one('format_error_rate'):.2f} per turn, "
+        f"mismatch KL {one('learner_mismatch_kl'):.4f}",
+        f"speed      {one('rollout_tokens_per_s'):.0f} rollout tokens/s; learner step {one('learner_step_seconds'):.1f} s, "
+        f"waiting {one('learner_idle_seconds'):.1f} s, sync {one('weight_sync_seconds'):.1f} s",
+        f"staleness  mean {mean_staleness:.2f} over {staleness_count:.0f} samples consumed; buffer "
+        f"{one('buffer_occupancy'):.0%} full; dropped: {drops or 'none'}",
+        f"restarts   {restarts or 'none'}; job recoveries {one('job_recoveries_total'):.0f}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m jobs.status RUN_DIR", file=sys.stderr)
+    live = len(args) == 2 and args[0] == "--address"
+    if not live and (len(args) != 1 or args[0].startswith("-")):
+        print("usage: python -m jobs.status RUN_DIR | --address HOST:PORT", file=sys.stderr)
         return 2
     try:
-        print("\n".join(status_lines(Path(args[0]))))
+        print("\n".join(live_status_lines(args[1]) if live else status_lines(Path(args[0]))))
     except ValueError as exc:
         print(f"jobs.status: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import yaml
 
 from cluster.local import LOOPBACK_ENV, free_port
 from jobs.report import FIGURES
+from jobs.status import live_status_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["rollout.vllm.in_process=true"]
@@ -86,6 +87,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
             if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
                 if not scraped:  # Ray, the metrics endpoint and vLLM's engine-core process
                     listeners = listening_addresses(proc.pid)
+                    live = live_status_lines(f"127.0.0.1:{port}")  # `jobs.status --address` on the live job
                 scraped = text
         except OSError:
             pass
@@ -94,6 +96,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     assert proc.returncode == 0, out
     assert_loopback_only(listeners, port)
     assert_quiet_console(out, run_dir)
+    assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
     # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
     solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
     warm = 2 * -(-solved // 4)

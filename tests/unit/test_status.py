@@ -45,3 +45,33 @@ def test_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
     (directory / "metrics.parquet").unlink()
     assert status_lines(directory)[1] == "state      started, no learner step yet (warm start or start-up)"
     assert main([]) == 2
+
+
+def test_a_live_job_from_its_metrics_endpoint(capsys):
+    from cluster.local import free_port
+    from cluster.metrics import MetricsExporter
+    from jobs.status import live_status_lines
+
+    port = free_port()
+    exporter = MetricsExporter("127.0.0.1", port)
+    try:
+        exporter.set("learner_version", 12)
+        exporter.set("eval_success", 0.5, task_type="overall")
+        exporter.set("eval_success", 0.75, task_type="go_to")
+        exporter.set("rollout_tokens_per_s", 640)
+        exporter.observe("consumed_staleness", 1, count=3)
+        exporter.observe("consumed_staleness", 2, count=1)
+        exporter.inc("buffer_dropped", 7, reason="stale")
+        exporter.inc("actor_restarts", 1, component="teacher")
+        lines = live_status_lines(f"127.0.0.1:{port}")
+        assert main(["--address", f"http://127.0.0.1:{port}/metrics"]) == 0
+    finally:
+        exporter.close()
+    assert lines[1] == "version    12" and lines[2] == "eval       0.500; go_to 0.75"
+    assert "640 rollout tokens/s" in lines[4]
+    assert lines[5].startswith("staleness  mean 1.25 over 4 samples consumed") and "dropped: stale 7" in lines[5]
+    assert lines[6].startswith("restarts   teacher 1")
+    assert capsys.readouterr().out.splitlines()[1] == "version    12"
+    # the job is gone: the same address no longer answers
+    assert main(["--address", f"127.0.0.1:{port}"]) == 2
+    assert "is the job running, with run.metrics_port set?" in capsys.readouterr().err
