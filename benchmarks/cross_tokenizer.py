@@ -3,8 +3,8 @@
 1. Two teachers trained the same way (the config's warm start: SFT on the bot's demonstrations,
    then exported): `same` is `tiny:tiny` (the student's tokenizer, 1,024 tokens), `cross` is
    `tiny:tiny384` (the same shape and training, a 384-token tokenizer: other token boundaries).
-2. One short student warm start (`--student-episodes` demonstrations, one epoch), exported; both
-   arms start from it.
+2. One short student warm start (`--student-episodes` demonstrations, one epoch: 32 SFT steps by
+   default, stopped early so that OPD has something to teach), exported; both arms start from it.
 3. Two `jobs.train` OPD runs of `--steps` learner steps each (equal steps), hf teacher, sampled-token
    reverse KL only (top-k cannot cross vocabularies): `same`, and `cross` with
    `teacher.cross_tokenizer=true`. Greedy eval of each final policy, of the start and of each teacher.
@@ -14,7 +14,8 @@
    per-turn requests and the byte mapping cost, apart from the other tokenizer's longer sequences).
 
     python benchmarks/cross_tokenizer.py [--config jobs/configs/babyai_opd_tiny.yaml] [--steps 30]
-                                         [--eval-tasks 100] [--out runs/cross_tokenizer]
+                                         [--student-episodes 256] [--eval-tasks 100]
+                                         [--out runs/cross_tokenizer] [--keep-teachers]
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="jobs/configs/babyai_opd_tiny.yaml")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--student-episodes", type=int, default=48)
+    parser.add_argument("--student-episodes", type=int, default=256)
+    parser.add_argument("--keep-teachers", action="store_true",
+                        help="reuse the teachers an earlier run with the same --out trained")
     parser.add_argument("--eval-tasks", type=int, default=100)
     parser.add_argument("--out", default="runs/cross_tokenizer")
     args = parser.parse_args()
@@ -75,10 +78,12 @@ def main() -> None:
     out = Path(args.out)
     base = load_config(JobConfig, args.config)
     teachers = {"same": "tiny:tiny", "cross": "tiny:tiny384"}
+    teacher_dirs = {arm: out / f"teacher_{arm}" / "warm_start_hf" for arm in teachers}
     for arm, model in teachers.items():  # the config's warm start, exported: a teacher
+        if (teacher_dirs[arm] / "config.json").is_file() and args.keep_teachers:
+            continue
         train(args.config, [f"model.path={model}", f"run.dir={out / ('teacher_' + arm)}", "run.steps=1",
                             "run.eval_every=0", "warm_start.export=true"])
-    teacher_dirs = {arm: out / f"teacher_{arm}" / "warm_start_hf" for arm in teachers}
     warm = out / "student_warm"
     train(args.config, [f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true",
                         f"warm_start.num_episodes={args.student_episodes}", "warm_start.epochs=1"])
