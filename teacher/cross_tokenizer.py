@@ -165,48 +165,54 @@ class CrossTokenizerBackend:
     def _teacher_ids(self, text: str) -> list[int]:
         return self.teacher.encode(text, add_special_tokens=False)
 
+    def _turn(self, ids: list[int], m: _Message, num_prompt: int, history: list[dict[str, str]]):
+        """The teacher's request for the scored part of assistant turn `m` (None when it holds no
+        text), and where its log-probs go: (first student index, end-of-turn index or None, student
+        byte spans, teacher byte spans)."""
+        first = max(m.start, num_prompt)  # a generation prefix in the student's prompt stays context
+        before = b"".join(self.student_bytes(ids[m.start:first])).decode(errors="replace")
+        scored = self.student_bytes(ids[first:m.stop])
+        whole = b"".join(scored)
+        text = _text_prefix(whole)
+        student_spans = [(a, min(b, len(text))) for a, b in spans(scored) if a < len(text)]
+        response = self._teacher_ids(text.decode())
+        teacher_pieces = self.teacher_bytes(response)
+        if b"".join(teacher_pieces) != text:
+            raise ValueError("the teacher's tokenizer changes the text it encodes (a normalizer): its log-probs "
+                             "cannot be mapped onto the student's bytes")
+        end = m.stop if m.closed and text == whole else None  # an end of turn after unread bytes gets 0
+        if end is not None:
+            response.append(self.teacher.eos_token_id)
+        if not response:
+            return None, None
+        prompt = self._teacher_ids(self.teacher.apply_chat_template(history, add_generation_prompt=True,
+                                                                    tokenize=False) + before)
+        return ScoreRequest(tuple(prompt), tuple(response)), (first, end, student_spans, spans(teacher_pieces))
+
     def score(self, requests: list[ScoreRequest], top_k: int = 0) -> list[TokenScores]:
         if top_k:
             raise ValueError("teacher.top_k > 0 across tokenizers: the teacher's top-k tokens are ids of another "
                              "vocabulary; set teacher.top_k=0 and learner.algorithm.topk_kl_coef=0")
-        jobs, asks = [], []  # per request, per scored turn: (first scored index, end-of-turn index, closed, spans)
+        asks, plans = [], []
         for request in requests:
-            ids = list(request.prompt_ids) + list(request.response_ids)
-            history: list[dict[str, str]] = []
-            plan = []
+            ids, plan, history = list(request.prompt_ids) + list(request.response_ids), [], []
             for m in self.messages(ids):
                 if m.role == "assistant" and m.stop + m.closed > len(request.prompt_ids):
-                    first = max(m.start, len(request.prompt_ids))  # a generation prefix in the prompt stays context
-                    before = b"".join(self.student_bytes(ids[m.start:first])).decode(errors="replace")
-                    scored = self.student_bytes(ids[first:m.stop])
-                    student_spans = spans(scored)
-                    text = b"".join(scored)
-                    whole = len(_text_prefix(text)) == len(text)
-                    text = _text_prefix(text)
-                    student_spans = [(a, min(b, len(text))) for a, b in student_spans if a < len(text)]
-                    prompt = self._teacher_ids(self.teacher.apply_chat_template(
-                        history, add_generation_prompt=True, tokenize=False) + before)
-                    response = self._teacher_ids(text.decode())
-                    teacher_pieces = self.teacher_bytes(response)
-                    if b"".join(teacher_pieces) != text:
-                        raise ValueError("the teacher's tokenizer changes the text it encodes (a normalizer): its "
-                                         "log-probs cannot be mapped onto the student's bytes")
-                    closed = m.closed and whole  # its end of turn follows text the teacher did not read
-                    if closed:
-                        response.append(self.teacher.eos_token_id)
-                    plan.append((first, m.stop, closed, student_spans, spans(teacher_pieces)))
-                    asks.append(ScoreRequest(tuple(prompt), tuple(response)))
+                    ask, where = self._turn(ids, m, len(request.prompt_ids), history)
+                    if ask is not None:
+                        asks.append(ask)
+                        plan.append(where)
                 history.append({"role": m.role, "content": m.content.decode(errors="replace")})
-            jobs.append(plan)
+            plans.append(plan)
         scores = iter(self.inner.score(asks, 0) if asks else [])
         out = []
-        for request, plan in zip(requests, jobs):
+        for request, plan in zip(requests, plans):
             logprobs = [0.0] * (len(request.prompt_ids) + len(request.response_ids))
-            for first, stop, closed, student_spans, teacher_spans in plan:
+            for first, end, student_spans, teacher_spans in plan:
                 got = next(scores).logprobs
                 mapped = map_logprobs(student_spans, teacher_spans, list(got[:len(teacher_spans)]))
                 logprobs[first:first + len(mapped)] = mapped
-                if closed:
-                    logprobs[stop] = got[-1]
+                if end is not None:
+                    logprobs[end] = got[-1]
             out.append(TokenScores(tuple(logprobs[len(request.prompt_ids):])))
         return out
