@@ -16,9 +16,10 @@ log-prob of a teacher token that spans several student tokens lands on the last 
 student turn closed by its end-of-turn token gets the teacher's log-prob of its own end of turn
 (`eos_token`) there.
 
-Each assistant turn is one teacher request (its prompt: the conversation before it rendered by
-the teacher's template with the generation prompt), so the teacher sees what it would see when
-acting itself. Top-k is refused: the teacher's k best tokens are ids of another vocabulary.
+Each assistant turn is scored after the conversation before it rendered by the teacher's template
+with the generation prompt, so the teacher sees what it would see acting itself; turns whose
+teacher prompt extends the previous turn's are one forward pass (`_runs`). Top-k is refused: the
+teacher's k best tokens are ids of another vocabulary.
 """
 
 from __future__ import annotations
@@ -195,24 +196,61 @@ class CrossTokenizerBackend:
                              "vocabulary; set teacher.top_k=0 and learner.algorithm.topk_kl_coef=0")
         asks, plans = [], []
         for request in requests:
-            ids, plan, history = list(request.prompt_ids) + list(request.response_ids), [], []
+            ids, turns, history = list(request.prompt_ids) + list(request.response_ids), [], []
             for m in self.messages(ids):
                 if m.role == "assistant" and m.stop + m.closed > len(request.prompt_ids):
                     ask, where = self._turn(ids, m, len(request.prompt_ids), history)
                     if ask is not None:
-                        asks.append(ask)
-                        plan.append(where)
+                        turns.append((ask, where))
                 history.append({"role": m.role, "content": m.content.decode(errors="replace")})
-            plans.append(plan)
-        scores = iter(self.inner.score(asks, 0) if asks else [])
+            plans.append([(len(asks) + index, offset, where) for index, offset, where in _nest(turns)])
+            asks.extend(_merged(turns))
+        scores = self.inner.score(asks, 0) if asks else []
         out = []
         for request, plan in zip(requests, plans):
             logprobs = [0.0] * (len(request.prompt_ids) + len(request.response_ids))
-            for first, end, student_spans, teacher_spans in plan:
-                got = next(scores).logprobs
+            for index, offset, (first, end, student_spans, teacher_spans) in plan:
+                got = scores[index].logprobs[offset:offset + len(teacher_spans) + (end is not None)]
                 mapped = map_logprobs(student_spans, teacher_spans, list(got[:len(teacher_spans)]))
                 logprobs[first:first + len(mapped)] = mapped
                 if end is not None:
                     logprobs[end] = got[-1]
             out.append(TokenScores(tuple(logprobs[len(request.prompt_ids):])))
         return out
+
+
+def _runs(turns: list) -> list[list[int]]:
+    """Consecutive turns whose teacher prompt extends the previous turn's prompt + response: one
+    forward pass scores a run (as ModelTeacher nests the student's turns), O(n) teacher tokens per
+    episode instead of O(n^2). The teacher's template renders history as a prefix for ChatML-like
+    templates; where it does not (a template that rewrites earlier turns), turns stay apart."""
+    runs: list[list[int]] = []
+    for k, (ask, _) in enumerate(turns):
+        if runs:
+            last = turns[runs[-1][-1]][0]
+            full = last.prompt_ids + last.response_ids
+            if ask.prompt_ids[:len(full)] == full:
+                runs[-1].append(k)
+                continue
+        runs.append([k])
+    return runs
+
+
+def _nest(turns: list) -> list[tuple[int, int, tuple]]:
+    """For each turn: (index of its run's request among this request's, offset of its response in
+    that request's response, where its log-probs go)."""
+    out = []
+    for r, run in enumerate(_runs(turns)):
+        head = len(turns[run[0]][0].prompt_ids)
+        out += [(r, len(turns[k][0].prompt_ids) - head, turns[k][1]) for k in run]
+    return out
+
+
+def _merged(turns: list) -> list[ScoreRequest]:
+    """One request per run of nesting turns: the first turn's prompt, then everything to the last's end."""
+    out = []
+    for run in _runs(turns):
+        first, last = turns[run[0]][0], turns[run[-1]][0]
+        full = last.prompt_ids + last.response_ids
+        out.append(ScoreRequest(first.prompt_ids, full[len(first.prompt_ids):]))
+    return out

@@ -107,8 +107,16 @@ def test_each_turn_of_a_nested_episode_gets_its_own_teacher_logprob(tokenizers, 
     s_tok, t_tok = tokenizers["nano"], tokenizers["nano384"]
     responses = [TEXTS["tool call"], TEXTS["ascii"]]
     prompt_ids, response_ids = conversation(s_tok, responses, closed=False)  # the last turn hit max_new_tokens
-    scored = CrossTokenizerBackend(teachers["nano384"], s_tok, t_tok).score(
+    asked = []
+
+    class Counting:
+        def score(self, requests, top_k=0):
+            asked.extend(requests)
+            return teachers["nano384"].score(requests, top_k)
+
+    scored = CrossTokenizerBackend(Counting(), s_tok, t_tok).score(
         [ScoreRequest(tuple(prompt_ids), tuple(response_ids))])[0].logprobs
+    assert len(asked) == 1  # the second turn's teacher prompt extends the first turn: one forward pass
     first = s_tok.encode(responses[0], add_special_tokens=False) + [s_tok.eos_token_id]
     second = len(s_tok.encode(responses[1], add_special_tokens=False))
     messages = [{"role": "system", "content": "You are an agent in a grid world."},
