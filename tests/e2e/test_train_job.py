@@ -79,7 +79,7 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, *wandb, DEFAULT_ENGINE, f"run.dir={run_dir}",
                              "run.steps=4", f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    scraped, listeners = "", []
+    scraped, listeners, live = "", [], []
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         try:
@@ -87,9 +87,10 @@ def test_train_checkpoint_metrics_and_resume(tmp_path):
             if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
                 if not scraped:  # Ray, the metrics endpoint and vLLM's engine-core process
                     listeners = listening_addresses(proc.pid)
-                    live = live_status_lines(f"127.0.0.1:{port}")  # `jobs.status --address` on the live job
                 scraped = text
-        except OSError:
+            if 'apprentice_eval_success{task_type="overall"}' in text:  # an evaluation has run
+                live = live_status_lines(f"127.0.0.1:{port}")  # `jobs.status --address` on the live job
+        except (OSError, ValueError):  # not serving yet, or gone (live_status_lines says so with ValueError)
             pass
         time.sleep(0.2)
     out, _ = proc.communicate(timeout=300)
