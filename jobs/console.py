@@ -72,7 +72,6 @@ class WorkerLogs:
     """Ray's handler for the workers' output, filtered at `level`; every line goes to `path` too."""
 
     def __init__(self, path: Path, level: LogLevel) -> None:
-        self.path = path
         self.threshold = RANK[level]
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")

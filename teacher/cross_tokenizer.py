@@ -203,8 +203,9 @@ class CrossTokenizerBackend:
                     if ask is not None:
                         turns.append((ask, where))
                 history.append({"role": m.role, "content": m.content.decode(errors="replace")})
-            plans.append([(len(asks) + index, offset, where) for index, offset, where in _nest(turns)])
-            asks.extend(_merged(turns))
+            merged, placed = _nest(turns)
+            plans.append([(len(asks) + index, offset, where) for index, offset, where in placed])
+            asks.extend(merged)
         scores = self.inner.score(asks, 0) if asks else []
         out = []
         for request, plan in zip(requests, plans):
@@ -236,21 +237,14 @@ def _runs(turns: list) -> list[list[int]]:
     return runs
 
 
-def _nest(turns: list) -> list[tuple[int, int, tuple]]:
-    """For each turn: (index of its run's request among this request's, offset of its response in
-    that request's response, where its log-probs go)."""
-    out = []
+def _nest(turns: list) -> tuple[list[ScoreRequest], list[tuple[int, int, tuple]]]:
+    """One request per run of nesting turns (the first turn's prompt, then everything to the last's
+    end), and for each turn: (index of its run's request, offset of its response in that request's
+    response, where its log-probs go)."""
+    merged, placed = [], []
     for r, run in enumerate(_runs(turns)):
-        head = len(turns[run[0]][0].prompt_ids)
-        out += [(r, len(turns[k][0].prompt_ids) - head, turns[k][1]) for k in run]
-    return out
-
-
-def _merged(turns: list) -> list[ScoreRequest]:
-    """One request per run of nesting turns: the first turn's prompt, then everything to the last's end."""
-    out = []
-    for run in _runs(turns):
         first, last = turns[run[0]][0], turns[run[-1]][0]
         full = last.prompt_ids + last.response_ids
-        out.append(ScoreRequest(first.prompt_ids, full[len(first.prompt_ids):]))
-    return out
+        merged.append(ScoreRequest(first.prompt_ids, full[len(first.prompt_ids):]))
+        placed += [(r, len(turns[k][0].prompt_ids) - len(first.prompt_ids), turns[k][1]) for k in run]
+    return merged, placed
