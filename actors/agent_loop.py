@@ -232,13 +232,20 @@ class ChatPrompter:
 
     def _tail_ids(self, messages, ep: EpisodeState) -> list[int] | None:
         """Tokens the template adds after the last assistant turn's end-of-turn token."""
-        before = self._render(messages[:-1], ep, generation_prompt=False, tokenize=False)
-        after = self._render(messages, ep, generation_prompt=True, tokenize=False)
-        end = before.rfind(self.stop_token)
-        if not after.startswith(before) or end < 0:
-            return None
-        tail = before[end + len(self.stop_token):] + after[len(before):]
-        return self.tokenizer.encode(tail, add_special_tokens=False)
+        tail = template_tail(self._render(messages[:-1], ep, generation_prompt=False, tokenize=False),
+                             self._render(messages, ep, generation_prompt=True, tokenize=False), self.stop_token)
+        return None if tail is None else self.tokenizer.encode(tail, add_special_tokens=False)
+
+
+def template_tail(before: str, after: str, stop_token: str) -> str | None:
+    """What a chat template adds after the last end-of-turn token of `before` (messages ending
+    with an assistant turn), given `after` (the same messages and more, rendered with the
+    generation prompt); None when `after` does not extend `before` (the template rewrote history).
+    """
+    end = before.rfind(stop_token)
+    if not after.startswith(before) or end < 0:
+        return None
+    return before[end + len(stop_token):] + after[len(before):]
 
 
 class ModelPolicy:
@@ -322,6 +329,9 @@ class EpisodeRunner:
     def num_free(self) -> int:
         return len(self._free)
 
+    def close(self) -> None:
+        """Nothing to release: the environments outlive the runner (a worker reuses its environment actors)."""
+
     @property
     def num_active(self) -> int:
         """Episodes starting or running."""
@@ -377,7 +387,7 @@ class EpisodeRunner:
                 continue
             _advance(ep, response, parsed, step, ep.task.max_turns or self.config.max_turns, self.config)
             if ep.done:
-                self._finished.append((ep.tag, _finish(ep, self.config.rewards)))
+                self._finished.append((ep.tag, finish_episode(ep, self.config.rewards)))
                 self._free.append(ep.slot)
             else:
                 still.append(ep)
@@ -527,7 +537,8 @@ def _advance(ep: EpisodeState, response: Response, parsed, step: EnvStep | None,
     ep.stage = _next_stage(ep, config)
 
 
-def _finish(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
+def finish_episode(ep: EpisodeState, rewards: RewardConfig) -> EpisodeResult:
+    """The result of an episode that ended: its reward from `ep.success`, `ep.score` and the format of each response."""
     well_formed = ep.well_formed
     reward = episode_reward(rewards, ep.success, well_formed, score=ep.score)
     trajectory = None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import importlib
 import os
 import time
 from collections import defaultdict
@@ -41,8 +42,9 @@ from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
 from actors.engine import SamplingConfig
 from models.weights import weights_as_tensors
 from actors.vllm_engine import VLLMConfig
+from buffer.contracts import env_steps
 from buffer.core import GroupLease
-from envs.registry import EnvConfig, default_env_config, make_env
+from envs.registry import EnvConfig, default_env_config, env_runner, make_env
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from models.loading import ModelConfig
 from actors.routing import merge_routed, split_by_route
@@ -365,9 +367,16 @@ class RolloutWorker:
 
     async def _runner(self, use: str) -> EpisodeRunner:
         """Built off the event loop: environments load there (ALFWorld games, environment actors
-        whose constructors wait on Ray), and the loop must keep answering the driver."""
+        whose constructors wait on Ray), and the loop must keep answering the driver. An
+        environment can register a runner of its own (envs.registry.EnvEntry.runner: the gateway)."""
+        path = env_runner(self.env_config)
+        if path is None:
+            runner_cls = EpisodeRunner
+        else:
+            module, name = path.split(":")
+            runner_cls = getattr(importlib.import_module(module), name)
         return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: EpisodeRunner(self._env_factory(use), self.config.num_envs, self.config.loop))
+            None, lambda: runner_cls(self._env_factory(use), self.config.num_envs, self.config.loop))
 
     async def run(self, max_groups: int | None = None, start_version: int = 0,
                   weights: tuple[list, int] | None = None) -> None:
@@ -379,6 +388,13 @@ class RolloutWorker:
         recovered, next_index, completed = await self.buffer.recover.remote(self.owner)
         self._stats["num_recovered_groups"] += len(recovered)
         runner = await self._runner("run")
+        try:
+            await self._roll(runner, recovered, next_index, completed, max_groups, start_version)
+        finally:
+            runner.close()
+
+    async def _roll(self, runner: EpisodeRunner, recovered: list, next_index: int, completed: int,
+                    max_groups: int | None, start_version: int) -> None:
         groups: dict[str, list[EpisodeResult]] = {}
         # A finished group's delivery (teacher scoring, the buffer put) runs while the next
         # rounds generate; a failed delivery fails the run at the next round.
@@ -471,18 +487,21 @@ class RolloutWorker:
         return trajectories
 
     def _record(self, result: EpisodeResult) -> None:
-        tokens = sum(len(t.response_ids) for t in result.trajectory.turns)
+        turns = () if result.trajectory is None else result.trajectory.turns  # a gateway program may call nothing
+        tokens = sum(len(t.response_ids) for t in turns)
         self._stats["num_episodes"] += 1
+        if result.truncated is not None:
+            self._stats[f"num_truncated_{result.truncated}"] += 1
         self._stats["num_successes"] += result.success
         self._stats["num_success_turns"] += result.num_turns if result.success else 0
         self._stats["num_turns"] += result.num_turns
         self._stats["num_format_errors"] += result.num_format_errors
         self._stats["num_response_tokens"] += tokens
-        self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in result.trajectory.turns)
-        memory = [t for t in result.trajectory.turns if t.stage == "memory"]
+        self._stats["num_prompt_tokens"] += sum(len(t.prompt_ids) for t in turns)
+        memory = [t for t in turns if t.stage == "memory"]
         self._stats["num_memory_turns"] += len(memory)
         self._stats["num_memory_format_errors"] += sum(not t.well_formed for t in memory)
-        for step, turn in zip(result.trajectory.env_steps(), result.trajectory.turns):
+        for step, turn in zip(env_steps(turns), turns):
             if turn.trainable:  # the student's turns (TCOD-B2F replays the expert's first)
                 # Indexed by environment step; a working-memory turn's format error counts at its step.
                 self._stats[f"{TURNS_AT}{step}"] += turn.stage == "action"
@@ -501,8 +520,8 @@ class RolloutWorker:
 
         starts = {r.task.trajectory_id: delivered.pop(r.task.trajectory_id, 0) for r in results}
         await asyncio.gather(*segments)
-        trajectories = await self._run_stages(self.stages, [r.trajectory for r in sorted(results,
-                                                                                     key=lambda r: r.task.index)])
+        trajectories = await self._run_stages(self.stages, [r.trajectory for r in sorted(results, key=lambda r: r.task.index)
+                                                            if r.trajectory is not None])
         if not trajectories:
             self._stats["num_groups_without_signal"] += 1
             self._group_totals["num_groups_without_signal"] += 1
@@ -524,12 +543,15 @@ class RolloutWorker:
         pending = [EpisodeTask(split, s) for s in seeds][::-1]
         rows = []
         loop = asyncio.get_running_loop()
-        while pending or runner.num_active:
-            runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
-            async with self._engine_lock:
-                finished = await loop.run_in_executor(None, runner.step, greedy)
-            self._stats["num_eval_episodes"] += len(finished)
-            rows.extend({"seed": r.task.seed, "task_type": r.info.task_type, "success": r.success,
-                         "num_turns": r.num_turns, "num_format_errors": r.num_format_errors,
-                         "policy_version": self.engine.version} for _, r in finished)
+        try:
+            while pending or runner.num_active:
+                runner.start_many([(pending.pop(), None) for _ in range(min(len(pending), runner.num_free))])
+                async with self._engine_lock:
+                    finished = await loop.run_in_executor(None, runner.step, greedy)
+                self._stats["num_eval_episodes"] += len(finished)
+                rows.extend({"seed": r.task.seed, "task_type": r.info.task_type, "success": r.success,
+                             "num_turns": r.num_turns, "num_format_errors": r.num_format_errors,
+                             "policy_version": self.engine.version} for _, r in finished)
+        finally:
+            runner.close()
         return sorted(rows, key=lambda row: row["seed"])

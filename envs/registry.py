@@ -23,7 +23,7 @@ from envs.protocol import TextEnv
 
 DEFAULT_ENV = "babyai_text"
 BUILTIN_ENVS: dict[str, str] = {"babyai_text": "envs.babyai_text", "alfworld": "envs.alfworld",
-                                 "scienceworld": "envs.scienceworld"}
+                                 "scienceworld": "envs.scienceworld", "gateway": "envs.gateway"}
 """Registered environments that ship with the project -> the module that registers each (imported on first use)."""
 
 
@@ -34,23 +34,32 @@ class EnvConfig(BaseModel):
 
     name: str
 
+    def check_rollout(self, rollout: Any) -> None:
+        """ValueError naming the `rollout` setting (a `RolloutConfig`) this environment cannot run with."""
+
 
 @dataclass(frozen=True)
 class EnvEntry:
     config_cls: type[EnvConfig]
     factory: Callable[[Any], TextEnv]
+    runner: str | None = None
+    """`module:Class` of the episode runner that plays this environment's episodes in place of
+    `actors.agent_loop.EpisodeRunner` (the gateway: its episodes are driven by programs)."""
 
 
 _REGISTRY: dict[str, EnvEntry] = {}
 
 
-def register_env(name: str, config_cls: type[EnvConfig], factory: Callable[[Any], TextEnv]) -> None:
-    """Make `env.name: <name>` build `factory(config)` with `config` a validated `config_cls`."""
-    if name in _REGISTRY and _REGISTRY[name] != EnvEntry(config_cls, factory):
+def register_env(name: str, config_cls: type[EnvConfig], factory: Callable[[Any], TextEnv],
+                 runner: str | None = None) -> None:
+    """Make `env.name: <name>` build `factory(config)` with `config` a validated `config_cls`;
+    `runner`: see `EnvEntry.runner` (a path, so this bottom layer imports no actor code)."""
+    entry = EnvEntry(config_cls, factory, runner)
+    if name in _REGISTRY and _REGISTRY[name] != entry:
         raise ValueError(f"environment {name!r} is already registered")
     if config_cls.model_fields["name"].default != name:
         raise ValueError(f"{config_cls.__name__}.name must default to {name!r}")
-    _REGISTRY[name] = EnvEntry(config_cls, factory)
+    _REGISTRY[name] = entry
 
 
 def known_envs() -> list[str]:
@@ -88,6 +97,11 @@ EnvSection = Annotated[SerializeAsAny[EnvConfig], BeforeValidator(parse_env_conf
 def make_env(config: EnvConfig) -> TextEnv:
     """A new environment instance of the registered kind."""
     return _entry(config.name).factory(config)
+
+
+def env_runner(config: EnvConfig) -> str | None:
+    """`module:Class` of the runner registered for this environment; None: the built-in agent loop."""
+    return _entry(config.name).runner
 
 
 def check_split(config: EnvConfig, split: str, key: str) -> None:

@@ -170,6 +170,7 @@ class JobConfig(BaseModel):
         if self.rollout.segments:
             ALGORITHMS[algorithm.name].segment_stage_factories(algorithm)  # raises for algorithms without them
         rollout = self.rollout
+        self.env.check_rollout(rollout)
         # vLLM rejects a longer prompt with an error, which would fail the teacher scoring a whole
         # turn (prompt and response: the rollout's budget) mid-run (the engine's own: RolloutConfig).
         for where, t in [("teacher", self.teacher)] + [(f"teacher_routes[{i}].teacher", r.teacher)
