@@ -155,6 +155,11 @@ class EpisodeState:
         return self.history[-1].observation if self.history else self.reset.observation
 
 
+AGENT_FAILED = "agent_failed"
+"""`EpisodeResult.truncated` of an episode whose agent program failed (actors.gateway: it crashed,
+exited without a reward, or timed out): a failure, whatever it had done."""
+
+
 @dataclass(frozen=True)
 class EpisodeResult:
     """One finished episode."""
@@ -172,7 +177,7 @@ class EpisodeResult:
     reward: EpisodeReward
     """Outcome and format rewards."""
     truncated: str | None
-    """'max_turns' or 'context' when the loop cut the episode short."""
+    """'max_turns' or 'context' when the loop cut the episode short; AGENT_FAILED."""
     trajectory: Trajectory | None
     """Token-level record; None for text-only policies."""
 
@@ -429,23 +434,28 @@ class EpisodeRunner:
 
 
 def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], policy: Policy, config: LoopConfig,
-                 batch_size: int = 16, progress: str | None = None) -> list[EpisodeResult]:
+                 batch_size: int = 16, progress: str | None = None, runner: Callable[..., Any] | None = None
+                 ) -> list[EpisodeResult]:
     """Run every task once, `batch_size` episodes at a time; results in task order. `progress`:
-    the label of a progress bar on stderr (None: no bar)."""
+    the label of a progress bar on stderr (None: no bar); `runner`: the runner class (None:
+    `EpisodeRunner`; an environment's own, envs.registry.env_runner, e.g. the gateway's)."""
     import sys
 
     from tqdm import tqdm
 
-    runner = EpisodeRunner(make_env, min(batch_size, max(len(tasks), 1)), config)
+    runner = (runner or EpisodeRunner)(make_env, min(batch_size, max(len(tasks), 1)), config)
     pending = list(enumerate(tasks))[::-1]
     results: list[EpisodeResult | None] = [None] * len(tasks)
-    with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
-        while pending or runner.num_active:
-            runner.start_many([(task, index) for index, task in
-                               (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
-            for index, result in runner.step(policy):
-                results[index] = result
-                bar.update()
+    try:
+        with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
+            while pending or runner.num_active:
+                runner.start_many([(task, index) for index, task in
+                                   (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
+                for index, result in runner.step(policy):
+                    results[index] = result
+                    bar.update()
+    finally:
+        runner.close()
     return [r for r in results if r is not None]
 
 

@@ -31,6 +31,7 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from actors.agent_loop import EpisodeResult, EpisodeState, EpisodeTask, LoopConfig, finish_episode, template_tail
+from actors.agent_loop import AGENT_FAILED, EpisodeResult, EpisodeState, EpisodeTask, LoopConfig, finish_episode, template_tail
 from buffer.contracts import Turn, are_logprobs
 from envs.gateway import GatewayConfig, GatewayEnv
 from envs.parser import ToolCallParser
@@ -115,8 +116,8 @@ class _Open:
     outcome: tuple[bool, float | None] | None = None
     """(success, score) once the program posted its reward."""
     ended: str | None = None
-    """Why the session ended without a reward (the result's `truncated`): 'max_turns', 'context',
-    'timeout' or 'program_error'."""
+    """Why the session ended without a reward (the result's `truncated`): 'max_turns', 'context' or
+    AGENT_FAILED (`error` says how)."""
     exited: bool = False
     process: subprocess.Popen | None = None
     log: Any = None
@@ -207,7 +208,7 @@ class GatewayRunner:
         with self._cond:
             states = list(self._open.values()) + self._lingering
             for state in self._open.values():
-                state.ended = state.ended or "program_error"
+                state.ended = state.ended or AGENT_FAILED
                 for call in state.queued:
                     call.reply(*_error(410, "the gateway closed"))
         for state in states:
@@ -221,6 +222,8 @@ class GatewayRunner:
             variables = {"OPENAI_BASE_URL": s.base_url, "OPENAI_API_KEY": s.api_key or "none",
                          "APPRENTICE_GATEWAY_URL": s.gateway_url, "APPRENTICE_SESSION_ID": s.session_id,
                          "APPRENTICE_TASK": json.dumps(s.task)}
+            # The worker's interpreter first on PATH: `python` in a command is the job's environment.
+            variables["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
             state.log = tempfile.TemporaryFile()
             state.process = subprocess.Popen(self.gateway.command, shell=True, env={**os.environ, **variables},
                                              stdout=state.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -249,18 +252,17 @@ class GatewayRunner:
         with self._cond:
             for sid, state in list(self._open.items()):
                 if not state.over and state.exited:
-                    state.ended = "program_error"
-                    state.error = state.error or _exit_text(state)
+                    state.ended, state.error = AGENT_FAILED, state.error or _exit_text(state)
                 elif not state.over and now > state.deadline:
-                    state.ended = "timeout"
-                    state.error = f"no reward within env.session_timeout_s={self.gateway.session_timeout_s:g}"
+                    state.ended = AGENT_FAILED
+                    state.error = f"timed out: no reward within env.session_timeout_s={self.gateway.session_timeout_s:g}"
                 if not state.over:
                     continue
                 del self._open[sid]
                 for call in state.queued:
                     call.reply(*_error(410, f"session {sid} ended"))
                 state.queued.clear()
-                if state.ended in ("timeout", "program_error"):
+                if state.ended == AGENT_FAILED:
                     kill.append(state)
                     print(f"gateway session {sid} (task {state.ep.task.split}:{state.ep.task.seed}) failed: "
                           f"{state.error.strip()}", flush=True)

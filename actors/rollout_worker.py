@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from actors.agent_loop import EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
+from actors.agent_loop import AGENT_FAILED, EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
 from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
 from actors.engine import SamplingConfig
 from models.weights import weights_as_tensors
@@ -490,8 +490,7 @@ class RolloutWorker:
         turns = () if result.trajectory is None else result.trajectory.turns  # a gateway program may call nothing
         tokens = sum(len(t.response_ids) for t in turns)
         self._stats["num_episodes"] += 1
-        if result.truncated is not None:
-            self._stats[f"num_truncated_{result.truncated}"] += 1
+        self._stats["num_agent_failures"] += result.truncated == AGENT_FAILED
         self._stats["num_successes"] += result.success
         self._stats["num_success_turns"] += result.num_turns if result.success else 0
         self._stats["num_turns"] += result.num_turns

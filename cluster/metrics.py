@@ -56,6 +56,8 @@ CATALOGUE: tuple[Metric, ...] = (
            recorded_by=("rollout",), buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30)),
     Metric("teacher_latency_seconds", "gauge", "Teacher request latency (p50)."),
     Metric("actor_restarts", "counter", "Restarts of dead actors, by component.", ("component",)),
+    Metric("agent_failures", "counter", "Episodes whose agent program failed (env.name=gateway): crashed, no reward, "
+           "timed out."),
     Metric("nonfinite_steps", "counter", "Learner steps skipped: their loss or gradient norm was not finite."),
     Metric("empty_batches", "counter", "Learner steps skipped: the batch held no trainable token."),
     Metric("job_recoveries", "counter", "Times the job rebuilt its actors from a checkpoint after a failure."),

@@ -33,7 +33,8 @@ class GatewayConfig(EnvConfig):
     tasks: EnvSection = Field(default_factory=default_env_config)
     """The environment whose tasks the program solves (its splits, task types and expert)."""
     command: str | None = None
-    """A shell command run once per session, in the job's working directory, with OPENAI_BASE_URL
+    """A shell command run once per session, in the rollout worker's working directory and with its
+    Python first on PATH (`python -m my_agent` runs in the job's environment), with OPENAI_BASE_URL
     (this session's endpoint), OPENAI_API_KEY, APPRENTICE_GATEWAY_URL, APPRENTICE_SESSION_ID and
     APPRENTICE_TASK (JSON: split, seed, task, task_type, max_turns, env) in its environment."""
     callable: str | None = None

@@ -18,8 +18,11 @@
    overall and per task type; per arm, the paired difference with the baseline (seed s against
    seed s: the same warm start, the same evaluation tasks) ± its CI; learning curves (the runs'
    own evaluations, `run.eval_every`) with their 95% bands in `curves.png`; each arm's run wall
-   clock and share of samples dropped stale; `compare.md`, `runs.parquet` (one row per run and
-   evaluation task) and one RESULT line.
+   clock and share of samples dropped stale; for arms with a teacher, the slope of the per-turn
+   reverse KL over turn index (document 003's flatness, paired with the baseline where it has one
+   too), the trained tokens the teacher scored, and the version where a schedule stopped the
+   teacher (RetireOPD); `compare.md`, `runs.parquet` (one row per run and evaluation task) and
+   one RESULT line.
 """
 
 from __future__ import annotations
@@ -106,7 +109,41 @@ def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: d
     return {"tasks": tasks,
             "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
             "steps": len(rows), "train_s": train_s,
-            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1)}
+            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1),
+            **teacher_facts(rows, has_teacher(Path(run_dir) / "config.yaml"))}
+
+
+def has_teacher(config_path: Path) -> bool:
+    import yaml
+
+    config = yaml.safe_load(config_path.read_text())
+    return config.get("teacher") is not None or bool(config.get("teacher_routes"))
+
+
+def kl_slope(rows: list[dict]) -> float | None:
+    """Least-squares slope of the run's per-turn reverse KL (each turn index's mean over the steps
+    that trained a token there) against the turn index; None with fewer than two indices."""
+    by_turn: dict[int, list[float]] = {}
+    for row in rows:
+        for index, kl in enumerate(row["reverse_kl_by_turn"] or []):
+            if kl is not None:
+                by_turn.setdefault(index, []).append(kl)
+    if len(by_turn) < 2:
+        return None
+    xs = sorted(by_turn)
+    ys = [sum(by_turn[x]) / len(by_turn[x]) for x in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def teacher_facts(rows: list[dict], teacher: bool) -> dict:
+    """kl_slope, the trained tokens the teacher scored (its steps before any stop) and the version
+    where a schedule stopped it (None: never); all None without a teacher."""
+    if not teacher:
+        return {"kl_slope": None, "teacher_tokens": None, "retired_at": None}
+    retired = [r["version"] for r in rows if r.get("teacher_retired")]
+    return {"kl_slope": kl_slope(rows), "retired_at": retired[0] if retired else None,
+            "teacher_tokens": sum(r["num_loss_tokens"] for r in rows if not r.get("teacher_retired"))}
 
 
 def evaluation_config(job, num_tasks: int) -> dict:
@@ -137,6 +174,18 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
                         "by_type": by_type, "train_s": mean_ci([r["train_s"] for r in runs]),
                         "stale_frac": mean_ci([r["stale_frac"] for r in runs]),
                         "vs_baseline": None if arm == baseline else paired_difference(per_seed[arm], per_seed[baseline])}
+        slopes = {seed: r["kl_slope"] for (a, seed), r in results.items() if a == arm and r.get("kl_slope") is not None}
+        base_slopes = {seed: r["kl_slope"] for (a, seed), r in results.items()
+                       if a == baseline and r.get("kl_slope") is not None}
+        retired = [r.get("retired_at") for r in runs]
+        tokens = [r["teacher_tokens"] for r in runs if r.get("teacher_tokens") is not None]
+        summary[arm].update({
+            "kl_slope": mean_ci(list(slopes.values())) if slopes else None,
+            "kl_slope_vs_baseline": paired_difference(slopes, base_slopes)
+            if arm != baseline and set(slopes) & set(base_slopes) else None,
+            "teacher_tokens": mean_ci(tokens) if tokens else None,
+            "retired": (sum(v is not None for v in retired), len(retired),
+                        mean_ci([v for v in retired if v is not None]) if any(v is not None for v in retired) else None)})
     return summary
 
 
@@ -154,12 +203,27 @@ def report(summary: dict, baseline: str, header: str) -> str:
     lines += [f"| {t} | " + " | ".join(_pm(summary[a]["by_type"][t]) for a in arms) + " |" for t in types]
     lines += ["| run wall clock (s) | " + " | ".join(_pm(summary[a]["train_s"]) for a in arms) + " |",
               "| samples dropped stale / put | " + " | ".join(_pm(summary[a]["stale_frac"]) for a in arms) + " |"]
+
+    def optional(key: str, label: str, show) -> None:
+        if any(summary[a].get(key) is not None for a in arms):
+            lines.append(f"| {label} | " + " | ".join("-" if summary[a].get(key) is None else show(summary[a][key])
+                                                     for a in arms) + " |")
+
+    optional("kl_slope", "per-turn reverse KL slope (per turn index)", _pm)
+    optional("teacher_tokens", "trained tokens the teacher scored", lambda v: f"{v[0]:.0f} ± {v[1]:.0f}")
+    if any(summary[a]["retired"][0] for a in arms):
+        lines.append("| teacher stopped by the schedule | " + " | ".join(
+            f"{k}/{n} seeds" + ("" if at is None else f", at version {_pm(at)}")
+            for k, n, at in (summary[a]["retired"] for a in arms)) + " |")
     lines += ["", f"Paired difference with `{baseline}` (seed against seed), mean ± 95% CI:", ""]
     for arm in arms[1:]:
         mean, half = summary[arm]["vs_baseline"]
         verdict = "" if math.isnan(half) else (" (above)" if mean - half > 0 else " (below)" if mean + half < 0
                                                 else " (the CI holds 0: no difference shown)")
         lines.append(f"- {arm} - {baseline}: {mean:+.3f} ± {half:.3f}{verdict}")
+        if summary[arm].get("kl_slope_vs_baseline") is not None:
+            mean, half = summary[arm]["kl_slope_vs_baseline"]
+            lines.append(f"  per-turn KL slope, {arm} - {baseline}: {mean:+.4f} ± {half:.4f}")
     return "\n".join(lines) + "\n"
 
 
@@ -278,7 +342,8 @@ def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, wa
     summary = summarize(results, baseline)
     pq.write_table(pa.Table.from_pylist([{"arm": arm, "run_seed": seed, "task_seed": task["seed"],
                                           "task_type": task["task_type"], "success": task["success"],
-                                          "steps": r["steps"], "train_s": r["train_s"]}
+                                          "steps": r["steps"], "train_s": r["train_s"], "kl_slope": r.get("kl_slope"),
+                                          "teacher_tokens": r.get("teacher_tokens"), "retired_at": r.get("retired_at")}
                                          for (arm, seed), r in results.items() for task in r["tasks"]]),
                    out / "runs.parquet")
     plot_curves(results, out / "curves.png")
@@ -294,6 +359,10 @@ def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, wa
               f"warm_start={warm_success:.3f}"]
     for arm, s in summary.items():
         fields += [f"{arm}_mean={s['overall'][0]:.3f}", f"{arm}_ci95={s['overall'][1]:.3f}"]
+        if s["kl_slope"] is not None:
+            fields += [f"{arm}_kl_slope={s['kl_slope'][0]:.4f}", f"{arm}_kl_slope_ci95={s['kl_slope'][1]:.4f}"]
+        if s["retired"][0]:
+            fields += [f"{arm}_retired={s['retired'][0]}/{s['retired'][1]}"]
         if s["vs_baseline"] is not None:
             fields += [f"{arm}_minus_{baseline}={s['vs_baseline'][0]:+.3f}", f"{arm}_minus_{baseline}_ci95="
                        f"{s['vs_baseline'][1]:.3f}"]

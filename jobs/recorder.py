@@ -180,6 +180,7 @@ class StepRecorder:
         m.inc("actor_restarts", teacher_restarts, component="teacher")
         m.inc("actor_restarts", failed_runs, component="rollout")
         m.inc("actor_restarts", counts.num_env_restarts, component="env")
+        m.inc("agent_failures", counts.num_agent_failures)
 
     def fault_totals(self, pool_failed_runs: int) -> dict[str, int]:
         """FAULT_TOTALS as the last record has them, plus the rollout failures the pool saw since

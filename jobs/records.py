@@ -39,6 +39,8 @@ class Counts:
     num_memory_format_errors: int = 0
     num_env_restarts: int = 0
     """Episodes started over because their environment actor died (actors/env_actor.py)."""
+    num_agent_failures: int = 0
+    """Episodes whose agent program failed (the gateway: crashed, no reward, timed out)."""
     turns_by_index: tuple[int, ...] = ()
     """The student's turns at each turn index."""
     format_errors_by_index: tuple[int, ...] = ()
@@ -174,6 +176,9 @@ class StepRecord:
     """Share of trained tokens the mismatch masks left out (seq_mask_band, token_mask_band)."""
     truncated_frac: float | None = None
     """Share of trained tokens whose ratio (or, decoupled, behaviour weight) tis_cap truncated."""
+    agent_failures: int | None = None
+    """Episodes so far whose agent program failed (env.name=gateway: it crashed, exited without a
+    reward or timed out; each ends as a failed episode); None in records written before."""
 
 
 def last_and_best_eval(records: list[StepRecord]) -> tuple[StepRecord, StepRecord] | None:
@@ -222,7 +227,7 @@ STEP_SCHEMA = pa.schema([
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
     ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()), ("reverse_kl_episode", pa.float64()),
     ("ratio_mean", pa.float64()), ("ratio_max", pa.float64()), ("masked_frac", pa.float64()),
-    ("truncated_frac", pa.float64()),
+    ("truncated_frac", pa.float64()), ("agent_failures", pa.int64()),
 ])
 """Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
 
@@ -231,7 +236,7 @@ assert [f.name for f in fields(StepRecord)] == STEP_SCHEMA.names, "StepRecord an
 _TOTALS = {"episodes": "num_episodes", "successes": "num_successes", "turns": "num_turns",
            "format_errors": "num_format_errors", "rollout_tokens": "num_response_tokens",
            "prompt_tokens": "num_prompt_tokens", "memory_turns": "num_memory_turns",
-           "env_restarts": "num_env_restarts"}
+           "env_restarts": "num_env_restarts", "agent_failures": "num_agent_failures"}
 _BUFFER_TOTALS = {"buffer_put": "num_put", "buffer_consumed": "num_consumed", "dropped_stale": "num_dropped_stale",
                   "evicted": "num_evicted", "duplicate_groups": "num_duplicate_groups",
                   "duplicate_turns": "num_duplicate_turns"}

@@ -81,7 +81,8 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
         f"staleness  mean {last.mean_staleness:.2f}, max {last.max_staleness}; dropped stale {last.dropped_stale} of "
         f"{last.buffer_put} samples put ({last.dropped_stale / max(last.buffer_put, 1):.0%})",
         f"restarts   rollout runs {last.rollout_failed_runs}, teacher {last.teacher_restarts}, "
-        f"environments {last.env_restarts}, job recoveries {last.job_recoveries or 0}; skipped steps "
+        f"environments {last.env_restarts}, job recoveries {last.job_recoveries or 0}, agent programs failed "
+        f"{last.agent_failures or 0}; skipped steps "
         f"{last.nonfinite_steps} non-finite, {last.empty_batches} empty",
     ]
     remaining = planned - last.version

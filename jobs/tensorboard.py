@@ -25,7 +25,7 @@ SECTIONS: dict[str, str] = {
     "reverse_kl_tail": "kl", "student_logprob_head": "kl", "student_logprob_tail": "kl",
     "buffer_occupancy": "buffer", "buffer_resident": "buffer", "buffer_put": "buffer", "buffer_consumed": "buffer",
     "dropped_stale": "buffer", "evicted": "buffer", "duplicate_groups": "buffer", "duplicate_turns": "buffer",
-    "num_rollout_workers": "faults", "rollout_failed_runs": "faults", "teacher_restarts": "faults", "nonfinite_steps": "faults", "empty_batches": "faults", "env_restarts": "faults", "buffer_lost": "faults", "job_recoveries": "faults",
+    "num_rollout_workers": "faults", "rollout_failed_runs": "faults", "teacher_restarts": "faults", "nonfinite_steps": "faults", "empty_batches": "faults", "env_restarts": "faults", "agent_failures": "faults", "buffer_lost": "faults", "job_recoveries": "faults",
     "judged_turns": "judge", "judge_neutral_turns": "judge",
     "episodes": "rollout", "successes": "rollout", "turns": "rollout", "format_errors": "rollout", "memory_turns": "rollout",
     "rollout_tokens": "rollout", "prompt_tokens": "rollout", "train_success_rate": "rollout",

@@ -1,6 +1,10 @@
 """An algorithm with a teacher schedule of its own, registered in this file alone and run by a
 real job that names this module with `--plugin` (nothing else changes): λ annealed linearly to 0
-over two steps, after which the schedule stops the teacher, whose services end."""
+over two steps, after which the schedule stops the teacher, whose services end.
+
+The same job's agent is a program the project does not own (docs/gateway.md): the example
+OpenAI-client agent, one process per episode, trained through the rollout worker's gateway
+(jobs/configs/babyai_gateway_tiny.yaml) -- one run for both, as neither needs the other's absence."""
 
 import subprocess
 import sys
@@ -50,9 +54,11 @@ def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_f
     run_dir = tmp_path / "run"
     env = job_env()
     env["PYTHONPATH"] = f"{Path(__file__).parent}:{env.get('PYTHONPATH', '')}"
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--plugin", Path(__file__).stem, *SHORT,
+    assert SHORT[:2] == ["--config", "jobs/configs/babyai_opd_tiny.yaml"]
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--plugin", Path(__file__).stem,
+                           "--config", "jobs/configs/babyai_gateway_tiny.yaml", *SHORT[2:],
                            "learner.algorithm.name=anneal_test", "learner.algorithm.opd_lambda=0.5",
-                           "learner.algorithm.drop_zero_variance_groups=false", "run.eval_every=0", "run.steps=3",
+                           "learner.algorithm.drop_zero_variance_groups=false", "run.steps=3",
                            f"run.dir={run_dir}", f"run.metrics_port={free_port()}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -60,6 +66,11 @@ def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_f
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["opd_lambda"] for r in rows] == [0.5, 0.25, 0.0]  # what each step trained with
     assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0]
+    # Through the gateway: every step trained on the programs' recorded calls, none of which
+    # failed, and the evaluation at step 2 ran the program greedily.
+    assert all(r["num_loss_tokens"] > 0 for r in rows) and rows[-1]["episodes"] >= 4
+    assert rows[-1]["agent_failures"] == 0 and rows[-1]["format_errors"] <= rows[-1]["turns"]
+    assert rows[1]["eval_success"] is not None
     # A module that does not import is a clear error before anything starts.
     bad = subprocess.run([sys.executable, "-m", "jobs.train", "--plugin", "no_such_module", "--dry-run"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=120)

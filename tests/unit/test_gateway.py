@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, run_episodes
+from actors.agent_loop import AGENT_FAILED, EpisodeTask, LoopConfig, ModelPolicy, run_episodes
 from actors.engine import Generation, SamplingConfig
 from actors.gateway import GatewayRunner, end_session
 from envs.gateway import GatewayConfig
@@ -146,13 +146,14 @@ def test_a_crashing_and_a_hanging_program_end_their_sessions_as_failures(tok, tm
     policy = ModelPolicy(PromptHashEngine(tok), tok, SamplingConfig(max_new_tokens=24), LOOP)
     crash = gateway_env(command=f"{sys.executable} -c 'import sys; print(\"boom\"); sys.exit(3)'")
     [crashed], _ = run_gateway(crash, [EpisodeTask("train", 0, "g", 0)], policy, num_slots=1)
-    assert crashed.truncated == "program_error" and not crashed.success and crashed.trajectory is None
+    assert crashed.truncated == AGENT_FAILED and not crashed.success and crashed.trajectory is None
     assert "exited with status 3" in capsys.readouterr().out
     pid_file = tmp_path / "pid"
     hang = gateway_env(command=f"echo $$ > {pid_file}; exec sleep 60", session_timeout_s=1.0)
     start = time.monotonic()
     [hung], _ = run_gateway(hang, [EpisodeTask("train", 0, "g", 0)], policy, num_slots=1)
-    assert hung.truncated == "timeout" and time.monotonic() - start < 5
+    assert hung.truncated == AGENT_FAILED and time.monotonic() - start < 5
+    assert "timed out" in capsys.readouterr().out
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
 
