@@ -439,23 +439,30 @@ def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], poli
     """Run every task once, `batch_size` episodes at a time; results in task order. `progress`:
     the label of a progress bar on stderr (None: no bar); `runner`: the runner class (None:
     `EpisodeRunner`; an environment's own, envs.registry.env_runner, e.g. the gateway's)."""
+    runner = (runner or EpisodeRunner)(make_env, min(batch_size, max(len(tasks), 1)), config)
+    try:
+        return play_episodes(runner, tasks, policy, progress)
+    finally:
+        runner.close()
+
+
+def play_episodes(runner, tasks: list[EpisodeTask], policy: Policy, progress: str | None = None
+                  ) -> list[EpisodeResult]:
+    """Every task once on a runner (an `EpisodeRunner` or an environment's own), as many at a time
+    as it has free slots; results in task order."""
     import sys
 
     from tqdm import tqdm
 
-    runner = (runner or EpisodeRunner)(make_env, min(batch_size, max(len(tasks), 1)), config)
     pending = list(enumerate(tasks))[::-1]
     results: list[EpisodeResult | None] = [None] * len(tasks)
-    try:
-        with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
-            while pending or runner.num_active:
-                runner.start_many([(task, index) for index, task in
-                                   (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
-                for index, result in runner.step(policy):
-                    results[index] = result
-                    bar.update()
-    finally:
-        runner.close()
+    with tqdm(total=len(tasks), desc=progress, unit="ep", file=sys.stderr, disable=progress is None) as bar:
+        while pending or runner.num_active:
+            runner.start_many([(task, index) for index, task in
+                               (pending.pop() for _ in range(min(len(pending), runner.num_free)))])
+            for index, result in runner.step(policy):
+                results[index] = result
+                bar.update()
     return [r for r in results if r is not None]
 
 

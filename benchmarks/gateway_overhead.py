@@ -1,12 +1,13 @@
 """Episodes/s through the agent gateway against the built-in agent loop, on the same engine.
 
-One vLLM engine (the tiny default's rollout section, in this process) plays the same tasks three
-ways: the built-in loop (`run_episodes`), the gateway with the example agent as a command (one
-Python process per episode, as `jobs/configs/babyai_gateway_tiny.yaml` runs it), and the gateway
-with the same agent as a callable (a thread of the worker: no process start). K episodes run at
-once in every arm. The student is untrained, so most episodes run all their turns; turns/s is
-reported beside episodes/s because sampled episodes differ in length between arms. Goal:
-gateway_over_inprocess >= 0.8 (the command, the way the example config runs).
+One vLLM engine (the tiny default's rollout section, in this process) plays the same tasks four
+ways: the built-in loop (`run_episodes`); the gateway with the example agent as a persistent
+command (one Python process per slot reading sessions on stdin, as
+`jobs/configs/babyai_gateway_tiny.yaml` runs it); as a command per session (a Python process
+started per episode); and as a callable (a thread of the worker). K episodes run at once in
+every arm. The student is untrained, so most episodes run all their turns; turns/s is reported
+beside episodes/s because sampled episodes differ in length between arms. Goal:
+gateway_over_inprocess >= 0.8 (the persistent command, the example config's way).
 
     python benchmarks/gateway_overhead.py [--episodes 64] [--envs 16] [--turns 10]
 """
@@ -27,11 +28,12 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=16)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-window-s", type=float, help="env.batch_window_s (default: the config's)")
     args = parser.parse_args()
 
     import torch
 
-    from actors.agent_loop import AGENT_FAILED, EpisodeTask, ModelPolicy, run_episodes
+    from actors.agent_loop import AGENT_FAILED, EpisodeRunner, EpisodeTask, ModelPolicy, play_episodes
     from actors.gateway import GatewayRunner
     from actors.rollout_worker import build_engine
     from envs.registry import make_env
@@ -40,39 +42,58 @@ def main() -> None:
     from models.loading import load_tokenizer
 
     torch.set_num_threads(args.threads)
-    job = load_config(JobConfig, args.config)
+    overrides = [] if args.batch_window_s is None else [f"env.batch_window_s={args.batch_window_s}"]
+    job = load_config(JobConfig, args.config, overrides)
     loop = job.rollout.loop.model_copy(update={"max_turns": args.turns})
     tokenizer = load_tokenizer(job.model)
     engine = build_engine(job.rollout.model_copy(update={"num_threads": args.threads}), job.model, tokenizer)
+    batches: list[int] = []  # sequences per engine call: how well the gateway's rounds batch
+    generate = engine.generate
+
+    def counted(prompts, sampling):
+        batches.append(len(prompts))
+        return generate(prompts, sampling)
+
+    engine.generate = counted
     policy = ModelPolicy(engine, tokenizer, job.rollout.sampling, loop)
     arms = {"inprocess": (job.env.tasks, None),
-            "gateway_command": (job.env, GatewayRunner),
-            "gateway_callable": (job.env.model_copy(update={"command": None, "callable": "examples.gateway_agent:run"}),
-                                 GatewayRunner)}
+            "gateway_persistent": (job.env.model_copy(update={"persistent": True}), GatewayRunner),
+            "gateway_per_session": (job.env.model_copy(update={"persistent": False}), GatewayRunner),
+            "gateway_callable": (job.env.model_copy(update={"command": None, "persistent": False,
+                                                            "callable": "examples.gateway_agent:run"}), GatewayRunner)}
 
-    def play(env, runner, seeds) -> tuple[float, float, int]:
+    def play(runner, seeds) -> tuple[float, float, int]:
         tasks = [EpisodeTask("train", s) for s in seeds]
+        batches.clear()
         start = time.perf_counter()
-        results = run_episodes(lambda: make_env(env), tasks, policy, loop, batch_size=args.envs, runner=runner)
+        results = play_episodes(runner, tasks, policy)
         elapsed = time.perf_counter() - start
         assert len(results) == len(tasks)
         failed = sum(r.truncated == AGENT_FAILED for r in results)
         return len(results) / elapsed, sum(r.num_turns for r in results) / elapsed, failed
 
     measured = {}
-    for name, (env, runner) in arms.items():
-        play(env, runner, range(1000, 1000 + args.envs))  # warm: engine graphs, imports, page cache
-        measured[name] = play(env, runner, range(args.episodes))
+    for name, (env, runner_cls) in arms.items():
+        # One runner per arm, as a worker keeps one for its run: the warm-up starts the persistent
+        # programs, compiles the engine's graphs and fills the page cache.
+        runner = (runner_cls or EpisodeRunner)(lambda: make_env(env), args.envs, loop)
+        try:
+            play(runner, range(1000, 1000 + args.envs))
+            measured[name] = play(runner, range(args.episodes))
+        finally:
+            runner.close()
         eps, tps, failed = measured[name]
-        print(f"{name:18s} {eps:6.2f} episodes/s  {tps:7.1f} turns/s  failed sessions {failed}", flush=True)
+        print(f"{name:19s} {eps:5.2f} episodes/s {tps:6.1f} turns/s  {len(batches)} engine calls of "
+              f"{sum(batches) / len(batches):.1f} sequences  failed sessions {failed}", flush=True)
     base_eps, base_tps, _ = measured["inprocess"]
-    command, callable_ = measured["gateway_command"], measured["gateway_callable"]
-    print(f"RESULT gateway_over_inprocess={command[0] / base_eps:.2f} "
-          f"gateway_turns_over_inprocess={command[1] / base_tps:.2f} "
+    persistent, per_session, callable_ = (measured[k] for k in ("gateway_persistent", "gateway_per_session",
+                                                                 "gateway_callable"))
+    print(f"RESULT gateway_over_inprocess={persistent[0] / base_eps:.2f} "
+          f"gateway_turns_over_inprocess={persistent[1] / base_tps:.2f} "
+          f"per_session_over_inprocess={per_session[0] / base_eps:.2f} "
           f"callable_over_inprocess={callable_[0] / base_eps:.2f} "
-          f"callable_turns_over_inprocess={callable_[1] / base_tps:.2f} "
-          f"inprocess_episodes_per_s={base_eps:.2f} failed_sessions={command[2] + callable_[2]} "
-          f"episodes={args.episodes} envs={args.envs}")
+          f"inprocess_episodes_per_s={base_eps:.2f} "
+          f"failed_sessions={persistent[2] + per_session[2] + callable_[2]} episodes={args.episodes} envs={args.envs}")
 
 
 if __name__ == "__main__":

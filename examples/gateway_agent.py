@@ -1,14 +1,16 @@
 """A plain OpenAI-client agent for BabyAI-Text, trained by `jobs.train` through the gateway.
 
 The gateway runs it once per session (env.command) with OPENAI_BASE_URL and OPENAI_API_KEY set,
-so the stock client needs nothing else, and the task in APPRENTICE_TASK; `run` is the same agent
-as an env.callable. It prompts as the built-in loop does (the rules and tool list, the task and
+so the stock client needs nothing else, and the task in APPRENTICE_TASK; with env.persistent it
+runs once per slot and reads one session per line on stdin; `run` is the same agent as an
+env.callable. It prompts as the built-in loop does (the rules and tool list, the task and
 what it sees, then each call and the environment's answer), so its sessions train like built-in
 episodes; the reward it posts is the environment's verdict.
 """
 
 import json
 import os
+import sys
 
 import httpx
 import openai
@@ -55,5 +57,10 @@ def run(session) -> None:
 
 
 if __name__ == "__main__":
-    play(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["APPRENTICE_GATEWAY_URL"],
-         os.environ["APPRENTICE_SESSION_ID"], json.loads(os.environ["APPRENTICE_TASK"]))
+    if "APPRENTICE_SESSION_ID" in os.environ:
+        play(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["APPRENTICE_GATEWAY_URL"],
+             os.environ["APPRENTICE_SESSION_ID"], json.loads(os.environ["APPRENTICE_TASK"]))
+    else:  # env.persistent: one session per line
+        for line in sys.stdin:
+            s = json.loads(line)
+            play(s["base_url"], s["api_key"], s["gateway_url"], s["session_id"], s["task"])

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 
 from learner.algorithms import Algorithm, JointConfig, grpo_advantages, joint_loss, register_algorithm, teacher_scores
 
@@ -66,8 +67,9 @@ def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_f
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     assert [r["opd_lambda"] for r in rows] == [0.5, 0.25, 0.0]  # what each step trained with
     assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0]
-    # Through the gateway: every step trained on the programs' recorded calls, none of which
+    # Through the gateway (the job's resolved config says so): every step trained on the programs' recorded calls, none of which
     # failed, and the evaluation at step 2 ran the program greedily.
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["name"] == "gateway"
     assert all(r["num_loss_tokens"] > 0 for r in rows) and rows[-1]["episodes"] >= 4
     assert rows[-1]["agent_failures"] == 0 and rows[-1]["format_errors"] <= rows[-1]["turns"]
     assert rows[1]["eval_success"] is not None

@@ -369,3 +369,49 @@ def answered_pid(worker, timeout_s: float = 120.0) -> int:
         except ray.exceptions.ActorUnavailableError:
             assert time.monotonic() < deadline, "the worker did not come back"
             time.sleep(0.2)
+
+
+def test_a_gateway_workers_trajectories_in_the_buffer_equal_the_built_in_loops(ray_session):
+    """The example agent (a callable: examples/gateway_agent.py) plays through a real worker's
+    gateway into the buffer; the built-in loop then plays the same tasks with the same engine and
+    weights, greedy, so it samples the same tokens: every stored turn is the built-in loop's --
+    prompt and response ids, log-probs, format, rewards. One environment per worker, so both
+    generate one sequence at a time (a batch's padding would move the HF engine's numbers)."""
+    import ray
+    import torch
+
+    from actors.agent_loop import EpisodeTask, ModelPolicy, run_episodes
+    from actors.hf_engine import HFEngine
+    from envs.registry import make_env, parse_env_config
+    from models.loading import load_model, load_tokenizer
+
+    tasks = {"name": "babyai_text", "room_size": 6, "num_distractors": 0, "task_types": ["go_to", "pick_up"]}
+    env = parse_env_config({"name": "gateway", "callable": "examples.gateway_agent:run", "tasks": tasks})
+    loop = LoopConfig(max_turns=3, prompt={"history_window": "all", "tools": "compact"})
+    config = RolloutConfig(engine="hf", num_envs=1, group_size=1, loop=loop,
+                           sampling=SamplingConfig(temperature=0.0, max_new_tokens=24, seed=0))
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5, env=env)
+    pool.start(max_groups_per_worker=3)
+    pool.wait(timeout_s=300)
+    stored = sorted(drain(ray, buffer), key=lambda s: (s.task_seed, s.turn_index))
+    assert len({s.trajectory_id for s in stored}) == 3
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the worker's actor process runs
+    try:
+        tok = load_tokenizer(NANO)
+        engine = HFEngine(load_model(NANO), tok.pad_token_id, [tok.convert_tokens_to_ids("<|im_end|>")])
+        built_in = run_episodes(lambda: make_env(env.tasks), [EpisodeTask("train", s) for s in
+                                                               sorted({s.task_seed for s in stored})],
+                                ModelPolicy(engine, tok, config.sampling, loop), loop, batch_size=1)
+    finally:
+        torch.set_num_threads(threads)
+    turns = [(r, t) for r in built_in for t in r.trajectory.turns]
+    assert len(turns) == len(stored)
+    for s, (r, t) in zip(stored, turns):
+        assert (s.task_seed, s.turn_index, s.prompt_ids, s.response_ids, s.trainable, s.well_formed, s.finish_reason) \
+            == (r.task.seed, t.turn_index, t.prompt_ids, t.response_ids, t.trainable, t.well_formed, t.finish_reason)
+        assert s.behaviour_logprobs == pytest.approx(t.behaviour_logprobs, abs=1e-4)
+        assert (s.turn_reward, s.outcome_reward, s.format_reward, s.success) == \
+            (t.turn_reward, r.reward.outcome, r.reward.format, r.success)

@@ -204,3 +204,36 @@ def test_the_gateway_config_names_what_is_wrong():
                                   "rollout": {"env_actors": True}})
     config = gateway_env(command="x")
     assert isinstance(config, GatewayConfig) and make_env(config).task_types == ("go_to", "pick_up")
+
+
+def test_a_persistent_program_serves_its_slots_sessions_and_is_restarted_after_a_failure(tok, tmp_path):
+    """env.persistent: one process per slot reads sessions on stdin. The example agent plays four
+    sessions on two slots (two processes, equal to the built-in loop); a program that dies on its
+    second session fails only that one and is started again for the next."""
+    policy = ModelPolicy(PromptHashEngine(tok), tok, SamplingConfig(max_new_tokens=24), LOOP)
+    tasks = [EpisodeTask("train", seed, "g", i) for i, seed in enumerate([3, 8, 11, 12])]
+    config = gateway_env(command=f"{sys.executable} -m examples.gateway_agent", persistent=True)
+    runner = GatewayRunner(lambda: make_env(config), 2, LOOP)
+    try:
+        ours = play(runner, tasks, policy)
+        assert len(runner._persistent) == 2
+        pids = {p.process.pid for p in runner._persistent.values()}
+    finally:
+        runner.close()
+    theirs = run_episodes(lambda: make_env(config.tasks), tasks, policy, LOOP, batch_size=2)
+    assert [r.trajectory for r in ours] == [r.trajectory for r in theirs] and len(pids) == 2
+    # Each line: the first session ends with a reward, the second kills the process.
+    starts = tmp_path / "starts"
+    script = tmp_path / "flaky.py"
+    script.write_text(
+        "import json, sys\nfrom actors.gateway import end_session\n"
+        f"open({str(starts)!r}, 'a').write('start\\n')\n"
+        "for n, line in enumerate(sys.stdin):\n"
+        "    s = json.loads(line)\n"
+        "    if n == 1:\n        sys.exit(5)\n"
+        "    end_session(s['gateway_url'], s['api_key'], s['session_id'], success=True)\n")
+    flaky = gateway_env(command=f"{sys.executable} {script}", persistent=True)
+    results, _ = run_gateway(flaky, [EpisodeTask("train", s, "g", s) for s in range(3)], policy, num_slots=1)
+    assert [r.success for r in results] == [True, False, True]
+    assert [r.truncated for r in results] == [None, AGENT_FAILED, None]
+    assert starts.read_text().count("start") == 2
