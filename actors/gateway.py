@@ -308,7 +308,9 @@ class GatewayRunner:
             program.process.wait()
             with self._cond:
                 if program.session is not None:
-                    program.session.exited = True
+                    program.session.exited = True  # its session's end releases the program
+                elif program.slot is not None:
+                    program.kill()  # a persistent program that died between sessions: only its log is left
                 if self._persistent.get(program.slot) is program:
                     del self._persistent[program.slot]  # the slot's next session starts another
                 self._cond.notify_all()

@@ -3,7 +3,7 @@ real job that names this module with `--plugin` (nothing else changes): λ annea
 over two steps, after which the schedule stops the teacher, whose services end.
 
 The same job's agent is a program the project does not own (docs/gateway.md): the example
-OpenAI-client agent, one process per episode, trained through the rollout worker's gateway
+OpenAI-client agent, one persistent process per environment slot, trained through the rollout worker's gateway
 (jobs/configs/babyai_gateway_tiny.yaml) -- one run for both, as neither needs the other's absence."""
 
 import subprocess
