@@ -116,6 +116,7 @@ class _Program:
     """The slot a persistent program serves; None: one session's program."""
     session: "_Open | None" = None
     """The session it is running (a persistent program: the one sent last, until it ends)."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def start(cls, command: str, variables: dict[str, str], slot: int | None = None) -> "_Program":
@@ -134,16 +135,20 @@ class _Program:
             ("; its last output:\n" + "\n".join(tail) if tail else "")
 
     def kill(self) -> None:
-        """Kill its whole process group, if it still runs; close its log."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:  # exited between the poll and the kill
-                pass
-            self.process.wait()
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.log.close()
+        """Kill its whole process group, if it still runs; close its log. Once: the runner's close
+        and the program's watcher (a persistent program dying between sessions) may both call it."""
+        with self.lock:
+            if self.log.closed:
+                return
+            if self.process.poll() is None:
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:  # exited between the poll and the kill
+                    pass
+                self.process.wait()
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.log.close()
 
 
 @dataclass

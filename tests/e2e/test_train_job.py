@@ -156,7 +156,7 @@ def test_bad_job_config_fails_before_any_actor(tmp_path):
     assert proc.returncode == 2 and "unknown key 'rollout.num_env'" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "jobs.train", "--dry-run", "env.name=nope"], cwd=ROOT, env=job_env(),
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "env.name: unknown environment 'nope'; known environments: ['alfworld', 'babyai_text', 'scienceworld']" \
+    assert proc.returncode == 2 and "env.name: unknown environment 'nope'; known environments: ['alfworld', 'babyai_text', 'gateway', 'scienceworld']" \
         in proc.stderr
     # Checks that need the machine: still one line each, before Ray or any actor starts.
     with socket.socket() as busy:

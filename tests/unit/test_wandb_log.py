@@ -4,6 +4,7 @@ definitions; a second job on the same run directory continues the same W&B run."
 
 import json
 import struct
+import time
 
 import pytest
 
@@ -76,6 +77,11 @@ def test_an_offline_run_records_every_step_and_a_resume_continues_it(tmp_path):
     plt.plot([0, 1]), plt.savefig(figure), plt.close()
     second.figures([figure], 4)
     second.close()
+    # W&B's service process may still be writing the second run's record log after `finish`
+    # returns (seen once under a loaded CI: its run record not yet there).
+    deadline = time.monotonic() + 60
+    while any(run_id is None or not steps for run_id, steps in history(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     (id1, steps1), (id2, steps2) = history(tmp_path)
     assert id1 == id2 == first.run_id
     assert steps1[1]["warm_start/loss"] == 2.5
