@@ -156,10 +156,15 @@ class AdmissionController:
     learner), and `running` is the episodes in flight times the mean samples per
     finished episode (a prior until the first episode finishes), less the samples those
     episodes already delivered in segments (they are in `accepted`). Episodes are admitted
-    whole, as many as fit. A group (`all_or_nothing`) is admitted whole while any room is
-    left, so the bound can be passed by less than one group: otherwise a learner short of
-    fewer samples than a group yields would wait forever (with max_staleness 0, or when a
-    group's early turns went stale and it delivered less than estimated).
+    whole, as many as fit. A group (`all_or_nothing`) is admitted whole when its expected
+    samples fit, and past the bound (by less than one group) only when the learner's next
+    step would otherwise lack samples even after every running episode delivers:
+        need_next = (v - v0 + 1) * B - (accepted + running) = capacity - Δmax * B > 0
+    Without that exception a learner short of fewer samples than a group yields would wait
+    forever (with max_staleness 0, or when a group's early turns went stale and it delivered
+    less than estimated); admitting on any room instead let every group overshoot, and a
+    group of several long episodes (the tiny default's 4 x 10 turns against B = 32) then
+    kept more samples in flight than the bound, whose early turns went stale.
     """
 
     def __init__(self, batch_size: int, max_staleness: int = 2, samples_per_episode_prior: float = 4.0) -> None:
@@ -191,13 +196,15 @@ class AdmissionController:
         return limit - (accepted + still_to_come)
 
     def admit(self, num_episodes: int, learner_version: int, accepted: int, all_or_nothing: bool = False) -> int:
-        """Reserve up to num_episodes episodes (all_or_nothing: all of them while any room is left,
-        else none); returns the grant."""
+        """Reserve up to num_episodes episodes (all_or_nothing: all of them if they fit or the
+        learner's next step needs them, else none); returns the grant."""
         if num_episodes < 0:
             raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
         room = self.capacity(learner_version, accepted)
         if all_or_nothing:
-            granted = num_episodes if room > 0 else 0
+            fits = room >= num_episodes * self.samples_per_episode
+            needed = room - self.max_staleness * self.batch_size > 0
+            granted = num_episodes if fits or needed else 0
         else:
             granted = max(0, min(num_episodes, int(room // self.samples_per_episode)))
         self.running_episodes += granted

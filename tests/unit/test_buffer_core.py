@@ -217,6 +217,22 @@ def test_a_learner_short_of_less_than_a_group_still_gets_one():
     assert adm.admit(8, learner_version=0, accepted=28, all_or_nothing=True) == 0  # that group covers it
 
 
+def test_a_group_passes_the_bound_only_when_the_learners_next_step_needs_it():
+    """The tiny default's shape: groups of 4 episodes of 10 turns, B = 32, Δmax = 2 (room 96):
+    two groups fit; a third would keep 120 samples in flight, so it waits (the Δmax = 0 test
+    above is the exception: a learner whose next step lacks samples gets a group anyway)."""
+    adm = AdmissionController(batch_size=32, max_staleness=2, samples_per_episode_prior=10.0)
+    assert adm.admit(4, 0, 0, all_or_nothing=True) == 4
+    assert adm.admit(4, 0, 0, all_or_nothing=True) == 4
+    assert adm.capacity(0, 0) == 16
+    assert adm.admit(4, 0, 0, all_or_nothing=True) == 0
+    adm.finish(8, num_samples=60)  # both groups ended; 20 of their samples went stale (not accepted)
+    assert adm.samples_per_episode == 7.5
+    assert adm.admit(4, 1, accepted=32 + 8, all_or_nothing=True) == 4  # room 88
+    assert adm.admit(4, 1, accepted=32 + 8, all_or_nothing=True) == 4  # room 58 >= 30
+    assert adm.admit(4, 1, accepted=32 + 8, all_or_nothing=True) == 0  # room 28: in flight covers the next step
+
+
 def test_groups_that_deliver_nothing_do_not_skew_the_estimate():
     adm = AdmissionController(batch_size=8, samples_per_episode_prior=4.0)
     adm.admit(4, 0, 0)
