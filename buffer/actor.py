@@ -41,7 +41,8 @@ class BufferConfig(BaseModel):
     batch_size: int = Field(default=32, ge=1)
     """B: samples the learner consumes per step (admission control's unit of room)."""
     samples_per_episode_prior: float = Field(default=4.0, gt=0)
-    """Expected samples per episode until the first episodes finish."""
+    """Expected samples per episode until the first episodes finish; a job sets it to the
+    rollout's turn limit unless given (jobs.train.JobConfig)."""
     staleness_of: Literal["turn", "episode"] = "turn"
     """Which version Δmax counts from. turn: each sample's own (the weights that wrote that
     turn), so an episode longer than Δmax learner steps loses its early turns. episode: the

@@ -134,6 +134,31 @@ class JobConfig(BaseModel):
     cluster: ClusterConfig = ClusterConfig()
     run: RunConfig = RunConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _admission_prior(cls, data: Any) -> Any:
+        """buffer.samples_per_episode_prior, unless set, is the rollout's turn limit: admission's
+        estimate of an episode's samples until the first episodes finish. An untrained student
+        runs its episodes to the limit; the generic prior (4) let the tiny default's first wave
+        start 16 episodes of 10 turns against room for 96 samples, and 112 of those 160 samples
+        went stale before the learner reached them (benchmarks/async_vs_sync.py measures it)."""
+        if not isinstance(data, dict):
+            return data
+        buffer = data.get("buffer", {})
+        if isinstance(buffer, BufferConfig):
+            if "samples_per_episode_prior" in buffer.model_fields_set:
+                return data
+            buffer = buffer.model_dump(exclude_unset=True)
+        if not isinstance(buffer, dict) or "samples_per_episode_prior" in buffer:
+            return data
+        rollout = data.get("rollout", {})
+        if isinstance(rollout, dict):
+            loop = rollout.get("loop", {})
+            max_turns = loop.max_turns if not isinstance(loop, dict) else loop.get("max_turns", RolloutConfig().loop.max_turns)
+        else:
+            max_turns = rollout.loop.max_turns
+        return {**data, "buffer": {**buffer, "samples_per_episode_prior": max_turns}}
+
     @property
     def teachers(self) -> list[TeacherConfig]:
         """The default teacher (if any), then the routed ones."""

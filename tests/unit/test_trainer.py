@@ -79,6 +79,15 @@ def test_a_few_steps_move_logprobs_the_right_way(trajectories, algorithm):
         assert stats["reverse_kl"] == pytest.approx(0.0, abs=1e-6)  # teacher +-1 cancels over good and bad
 
 
+def assert_same_first_step(a: Trainer, b: Trainer) -> None:
+    """Weights after one step (lr 1e-3) agree. Adam's first step moves a weight by ~lr * g / |g|:
+    where |g| is near Adam's eps, rounding differences between two ways of summing the same
+    gradient (CPU-kernel dependent) move it by a few % of lr (1.5e-5 and 2.3e-5 measured on one
+    machine); a wrong batch moves many weights by ~lr. The callers pin the loss tightly."""
+    wa, wb = a.full_state_dict(), b.full_state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
+
+
 def test_packed_and_expanded_batches_give_the_same_step(trajectories):
     a = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3), NANO)
     b = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3, packing=False), NANO)
@@ -87,8 +96,7 @@ def test_packed_and_expanded_batches_give_the_same_step(trajectories):
     sa, sb = a.train_step(packed), b.train_step(expanded)
     assert sa["loss"] == pytest.approx(sb["loss"], abs=1e-5)
     assert sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
-    wa, wb = a.full_state_dict(), b.full_state_dict()
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    assert_same_first_step(a, b)
 
 
 def test_micro_batching_does_not_change_the_step(trajectories):
@@ -98,8 +106,7 @@ def test_micro_batching_does_not_change_the_step(trajectories):
     assert len(micro_batches(seqs, 16)) == len(seqs) and len(micro_batches(seqs, 100_000)) == 1
     s1, s2 = big.train_step(seqs), small.train_step(seqs)
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5)
-    w1, w2 = big.full_state_dict(), small.full_state_dict()
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
+    assert_same_first_step(big, small)
 
 
 def test_resume_gives_the_same_next_steps(trajectories, tmp_path):
