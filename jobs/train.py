@@ -140,8 +140,8 @@ class JobConfig(BaseModel):
         """buffer.samples_per_episode_prior, unless set, is the rollout's turn limit: admission's
         estimate of an episode's samples until the first episodes finish. An untrained student
         runs its episodes to the limit; the generic prior (4) let the tiny default's first wave
-        start 16 episodes of 10 turns against room for 96 samples, and 112 of those 160 samples
-        went stale before the learner reached them (benchmarks/async_vs_sync.py measures it)."""
+        start 16 episodes of 10 turns against room for 96 samples, and 112 of the 440 samples
+        its first 10 steps put went stale (docs/architecture.md, admission)."""
         if not isinstance(data, dict):
             return data
         buffer = data.get("buffer", {})

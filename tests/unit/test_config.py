@@ -252,6 +252,17 @@ def _run_dir_with(tmp_path, *overrides):
     return run_dir
 
 
+def test_admission_expects_the_turn_limit_per_episode_unless_told_otherwise():
+    from jobs.train import JobConfig
+
+    path = "jobs/configs/babyai_opd_tiny.yaml"
+    assert load_config(JobConfig, path, []).buffer.samples_per_episode_prior == 10
+    assert load_config(JobConfig, path, ["rollout.loop.max_turns=7"]).buffer.samples_per_episode_prior == 7
+    given = load_config(JobConfig, path, ["buffer.samples_per_episode_prior=3", "rollout.loop.max_turns=7"])
+    assert given.buffer.samples_per_episode_prior == 3
+    assert JobConfig().buffer.samples_per_episode_prior == JobConfig().rollout.loop.max_turns
+
+
 def test_resume_refuses_a_changed_config_unless_the_keys_are_named(tmp_path):
     from jobs.train import JobConfig, check_run_dir
 
