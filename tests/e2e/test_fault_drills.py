@@ -217,6 +217,10 @@ def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfwor
               "rollout.group_size=2", "cluster.plan.env.count=8", "rollout.loop.max_turns=3",
               "rollout.sampling.max_new_tokens=16", "buffer.batch_size=4", "warm_start.num_episodes=0",
               "run.steps=6", "run.eval_every=6", "run.eval_tasks=2", f"run.dir={run_dir}",
+              # Δmax 4: at step 1 the first wave's 12 samples leave room for more groups, so
+              # episodes are running in the actors when they are killed (at Δmax 2 admission
+              # rightly waits until the learner has taken the resident samples).
+              "buffer.max_staleness=4",
               f"run.metrics_port={free_port()}", *IN_PROCESS, env={"ALFWORLD_DATA": str(alfworld_data)})
     job.wait_for("step    1 ", timeout_s=400)
     # The rollout set (and the eval set if started); what was resident at step 1 lasts a few
