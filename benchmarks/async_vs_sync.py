@@ -273,7 +273,6 @@ class SimRolloutWorker:
                     still.append(ep)
                     continue
                 if ep["group"] in cut:  # the group formed already in this chunk: this one is cut too
-                    self.stats["cut_episodes"] += 1
                     continue
                 group = groups[ep["group"]]
                 group.append(ep)
@@ -284,7 +283,6 @@ class SimRolloutWorker:
                     deliveries.add(asyncio.create_task(self._deliver(ep["group"], groups.pop(ep["group"]),
                                                                      segments.pop(ep["group"]))))
             running = [ep for ep in still if ep["group"] not in cut]
-            self.stats["cut_episodes"] += len(still) - len(running)
             self.stats["wasted_tokens"] += sum(sum(ep["plan"][:ep["turn"]]) + (0 if ep["left"] is None else
                                                                                ep["plan"][ep["turn"]] - ep["left"])
                                                for ep in still if ep["group"] in cut)
@@ -400,12 +398,12 @@ def parse_workload(name: str) -> Workload:
     return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0))
 
 
-def result_suffix(name: str, first: bool) -> str:
+def result_suffix(work: Workload, first: bool) -> str:
     """RESULT key suffix of a workload: none for the first (groups of 8), else _g1, _g1_seg, _g8_plus2."""
     if first:
         return ""
-    size, _, extra = name.removesuffix("seg").partition("+")
-    return f"_g{size}" + (f"_plus{extra}" if extra else "") + ("_seg" if name.endswith("seg") else "")
+    return (f"_g{work.group_size}" + (f"_plus{work.extra_episodes}" if work.extra_episodes else "")
+            + ("_seg" if work.segments else ""))
 
 
 def buffer_samples_per_s(work: Workload, num_groups: int = 100) -> float:
@@ -533,11 +531,12 @@ def main() -> None:
                       f"{real['2']['stale_drop_frac']:.3f} stale_drop_frac_real_seg={real['2seg']['stale_drop_frac']:.3f}")
     keys = []
     for k, (name, sim) in enumerate(sims.items()):
-        suffix = result_suffix(name, k == 0)
+        work = parse_workload(name)
+        suffix = result_suffix(work, k == 0)
         keys += [f"async_over_sync_sim{suffix}={sim[2]['samples_per_s'] / sim[0]['samples_per_s']:.2f}",
                  f"learner_idle_sim{suffix}={sim[2]['learner_idle']:.3f}",
                  f"stale_drop_frac_sim{suffix}={sim[2]['stale_drop_frac']:.3f}"]
-        if "+" in name:
+        if work.extra_episodes:
             keys.append(f"short_bias_sim{suffix}={sim[2]['delivered_turns_per_episode'] / planned_turns[name]:.2f}")
     # The buffer's headroom is the smaller of the workloads' (small groups cost more calls per sample).
     # Past one machine, extrapolated, not simulated: N GPUs split as the preset (a quarter learners)
