@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import functools
 import importlib
+import math
 import os
 import time
 from collections import defaultdict
@@ -48,6 +49,7 @@ from envs.registry import EnvConfig, default_env_config, env_runner, make_env
 from learner.algorithms import ALGORITHMS, AlgorithmConfig, StageContext, teacher_scores
 from models.loading import ModelConfig
 from actors.routing import merge_routed, split_by_route
+from cluster.actor_state import actor_state
 
 
 class RolloutConfig(BaseModel):
@@ -191,8 +193,11 @@ class RolloutWorker:
         self.routes = spec.routes
         self.env_config = spec.env or default_env_config()
         self._teacher_calls = 0
+        self._service_incarnations: dict[str, int] = {}
+        """The incarnation (Ray's restart count) of each teacher service, and of the judge, that
+        this worker last found alive (`_ask`)..."""
         self._service_kills: dict[str, int] = {}
-        """Times this worker killed each teacher service (or the judge) as hung (`_ask`)."""
+        """... and the last one it killed as hung: Ray may show a killed actor alive for seconds."""
         self.stages = []
         self.segment_stages = []
         self.curriculum = None
@@ -247,45 +252,48 @@ class RolloutWorker:
     async def _ask(self, name: str, service, method: str, *args):
         """`service.method(*args)` on a teacher (`name`: its route) or the judge. A service that
         has not answered within rollout.service_timeout_s is hung: it is killed, Ray restarts it,
-        and the call is made again once the new incarnation answers (a call to an actor killed
-        on purpose is not retried by Ray; the restart itself, a model load, is no hang). A
-        service past its restarts fails the call, and with it this worker's run (the pool
-        restarts it)."""
+        and the call is made again once the new incarnation is alive (a call to an actor killed
+        on purpose is not retried by Ray; one to a crashed actor is, but this worker asks again
+        all the same). The incarnation asked is killed only if it is still the live one: not when
+        it is restarting (its model load is no hang) nor when another call, of this worker or
+        another, already killed it -- each kill spends one of the service's restarts, so the
+        calls a hang left waiting, however many, spend one. A service dead for good (past its
+        restarts) fails the call, and with it this worker's run (the pool restarts it)."""
         import ray
 
         while True:
-            kills = self._service_kills.get(name, 0)
+            if name not in self._service_incarnations:
+                self._service_incarnations[name] = actor_state(service).num_restarts
+            asked = self._service_incarnations[name]
             call = asyncio.ensure_future(getattr(service, method).remote(*args))
             done, _ = await asyncio.wait([call], timeout=self.config.service_timeout_s)
             if done:
                 try:
                     return call.result()
                 except ray.exceptions.RayActorError:
-                    if self._service_kills.get(name, 0) == kills:
-                        raise
-                    # Another group's call found the service hung and killed it under this one.
-                    await self._restarted(name, service)
-                    continue
-            print(f"{self.owner}: {name} did not answer within {self.config.service_timeout_s:.0f} s: killed as hung; "
-                  f"asking its restarted incarnation", flush=True)
-            self._service_kills[name] = kills + 1
-            ray.kill(service, no_restart=False)
-            call.add_done_callback(lambda c: c.exception())  # its ActorDiedError is expected, not an error
-            await self._restarted(name, service)
+                    pass  # it died under the call: killed as hung by some worker, or crashed
+            else:
+                call.add_done_callback(lambda c: c.exception())  # abandoned: its ActorDiedError is expected
+                now = actor_state(service)
+                if now.state == "ALIVE" and now.num_restarts == asked and self._service_kills.get(name) != asked:
+                    self._service_kills[name] = asked
+                    print(f"{self.owner}: {name} did not answer within {self.config.service_timeout_s:.0f} s: "
+                          f"killed as hung; asking its restarted incarnation", flush=True)
+                    ray.kill(service, no_restart=False)
+            await self._restarted(name, service, after=asked)
 
-    async def _restarted(self, name: str, service, num_tries: int = 20) -> None:
-        """Return once the incarnation after a kill answers, however long it takes to start; a
-        call the killed incarnation still took fails and is asked again; RuntimeError when it
-        never comes back (its restarts are spent)."""
-        import ray
-
-        for _ in range(num_tries):
-            try:
-                await service.__ray_ready__.remote()
-                return
-            except ray.exceptions.RayActorError:
-                await asyncio.sleep(0.5)
-        raise RuntimeError(f"{name} did not come back after it was killed as hung")
+    async def _restarted(self, name: str, service, after: int) -> None:
+        """Return once an incarnation after `after` is alive, however long it takes to start, or,
+        unless this worker killed it, once incarnation `after` has stayed alive for
+        rollout.service_timeout_s (a call failed without a kill: Ray had not yet seen the crash,
+        or the actor was briefly unreachable); RuntimeError when the service is dead for good."""
+        deadline = math.inf if self._service_kills.get(name) == after else time.monotonic() + self.config.service_timeout_s
+        while (now := actor_state(service)).state != "ALIVE" or (now.num_restarts == after
+                                                                 and time.monotonic() < deadline):
+            if now.state == "DEAD":
+                raise RuntimeError(f"{name} is dead: killed or crashed more often than its max_restarts allow")
+            await asyncio.sleep(0.5)
+        self._service_incarnations[name] = now.num_restarts
 
     async def drop_teacher(self) -> None:
         """Stop scoring with the teacher (its schedule is done); returns once no call to it is in flight, so

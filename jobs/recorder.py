@@ -4,7 +4,8 @@ Actors count from zero whenever they start (a restarted worker, the new buffer o
 recovered run) while a record's totals continue over the whole run, so the recorder keeps what
 it saw at the previous step and turns every source into this step's delta: rollout workers
 report their deltas themselves, the buffer's and the judge's counters are diffed here, and a
-teacher service with a new pid was restarted. A resume or a recovery starts a new recorder from
+teacher service's restarts are Ray's count of them. A service that does not answer in time (hung
+until a worker kills it, or restarting) never stalls a record: its gauges sit out that step. A resume or a recovery starts a new recorder from
 the records it keeps (`restore`) and the faults the replaced run counted after them (`faults`).
 """
 
@@ -15,11 +16,16 @@ import time
 from collections import Counter
 from typing import Any
 
+from cluster.actor_state import actor_state
 from jobs.records import BUFFER_COUNTERS, Counts, StepRecord, running_totals
 
 FAULT_TOTALS = ("rollout_failed_runs", "teacher_restarts", "env_restarts")
 """Record totals of restarts in place: a recovery keeps them, although it trains the steps after
 its checkpoint again (their records are replaced)."""
+
+SERVICE_STATS_TIMEOUT_S = 5.0
+"""How long a record waits for the teacher services' and the judge's gauges: they are busy or
+hung at worst, and the rollout workers, not the recorder, tell a hang (rollout.service_timeout_s)."""
 
 
 class NonFiniteTraining(RuntimeError):
@@ -35,12 +41,14 @@ class StepRecorder:
         self.metrics = metrics
         self.recoveries = recoveries
         self.rows: list[StepRecord] = []
-        self._teacher_pids: list[int] = []
-        """The pid of each teacher service at the last step: a new pid is a restart."""
+        self._teacher_restarts: list[int] = []
+        """Ray's restart count of each teacher service at the last step."""
         self._failed_runs_seen = 0
         """The pool's failed-run count at the last step (rows count failures across resumes)."""
         self._buffer_seen: dict[str, int] = {}
         self._judge_seen: dict[str, int] = {}
+        self._judge_incarnation: int | None = None
+        """The judge's counters at the last step, and which incarnation counted them."""
         self.nonfinite_steps = 0
         """Learner steps skipped for a non-finite loss or gradient norm (this run and the ones it resumed)."""
         self.empty_batches = 0
@@ -65,7 +73,7 @@ class StepRecorder:
 
     def teachers_replaced(self) -> None:
         """The teacher services went (a schedule stopped them): none of their pids is a restart."""
-        self._teacher_pids = []
+        self._teacher_restarts = []
 
     def skipped(self, stats: dict, version: int, limit: int) -> None:
         """A step the learner skipped changed nothing (learner.trainer): its loss or gradient norm
@@ -102,11 +110,10 @@ class StepRecorder:
         buffer = ray.get(actors["buffer"].stats.remote())
         worker_stats = pool.stats()
         counts = Counts.sum(worker_stats)
-        # A dead teacher service is restarted by Ray; this call (like the workers' `score`) waits for it.
-        teachers = ray.get([t.stats.remote() for t in actors["teachers"]])
-        pids = [t["pid"] for t in teachers]
-        teacher_restarts = sum(old != new for old, new in zip(self._teacher_pids, pids))
-        self._teacher_pids = pids
+        teachers = [answer for answer in answers_within(actors["teachers"], SERVICE_STATS_TIMEOUT_S) if answer]
+        restarts = [actor_state(t).num_restarts for t in actors["teachers"]]
+        teacher_restarts = sum(new - old for old, new in zip(self._teacher_restarts, restarts))
+        self._teacher_restarts = restarts
         buffer_delta = {key: int(buffer[key]) - self._buffer_seen.get(key, 0) for key in BUFFER_COUNTERS}
         self._buffer_seen = {key: int(buffer[key]) for key in BUFFER_COUNTERS}
         failed_runs = pool.num_failed_runs - self._failed_runs_seen
@@ -137,16 +144,20 @@ class StepRecorder:
         return record
 
     def _judge_counts(self, judge, previous: StepRecord | None) -> dict[str, int | None]:
-        """The judge's totals: its counters since it started, diffed like the buffer's."""
-        import ray
-
+        """The judge's totals: its counters since it started, diffed like the buffer's; the last
+        record's when it does not answer in time."""
         counts: dict[str, int | None] = {"judged_turns": None, "judge_neutral_turns": None}
         if judge is None:
             return counts
-        now = ray.get(judge.stats.remote())
+        now = answers_within([judge], SERVICE_STATS_TIMEOUT_S)[0]
+        if now is None:
+            return {field: getattr(previous, field, None) for field in counts}
+        incarnation = actor_state(judge).num_restarts
+        # A restarted judge counts from 0 (what its predecessor counted after the last answer is lost).
+        seen = self._judge_seen if incarnation == self._judge_incarnation else {}
         for field, key in (("judged_turns", "num_turns_judged"), ("judge_neutral_turns", "num_neutral")):
-            counts[field] = (getattr(previous, field, None) or 0) + now[key] - self._judge_seen.get(key, 0)
-        self._judge_seen = now
+            counts[field] = (getattr(previous, field, None) or 0) + now[key] - seen.get(key, 0)
+        self._judge_seen, self._judge_incarnation = now, incarnation
         return counts
 
     def _export(self, record: StepRecord, counts: Counts, buffer_delta: dict[str, int], failed_runs: int,
@@ -189,3 +200,19 @@ class StepRecorder:
         totals = {key: (getattr(last, key) or 0) if last else 0 for key in FAULT_TOTALS}
         totals["rollout_failed_runs"] += pool_failed_runs - self._failed_runs_seen
         return totals
+
+
+def answers_within(services: list, timeout_s: float) -> list[dict | None]:
+    """Each service's `stats()`, or None for one that did not answer within `timeout_s` or died
+    under the call."""
+    import ray
+
+    refs = [service.stats.remote() for service in services]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    answers: list[dict | None] = []
+    for ref in refs:
+        try:
+            answers.append(ray.get(ref) if ref in ready else None)
+        except ray.exceptions.RayActorError:
+            answers.append(None)
+    return answers

@@ -1,5 +1,6 @@
 """Rollout workers, the pool, the teacher service and the buffer together on one local Ray."""
 
+import dataclasses
 import os
 import signal
 import sys
@@ -16,6 +17,8 @@ from buffer.contracts import table_to_samples
 from envs.babyai_text import BabyAITextConfig
 from learner.algorithms import AlgorithmConfig
 from models.loading import ModelConfig
+from cluster.actor_state import ActorState, actor_state
+from teacher.registry import register_teacher_backend, teacher_backend
 from teacher.service import TeacherConfig, create_teacher_service
 
 NANO = ModelConfig(path="tiny:nano")
@@ -224,15 +227,37 @@ def test_segments_deliver_running_episodes_turns_once_across_a_killed_worker(ray
     assert stats["num_duplicate_turns"] >= 1 and stats["num_duplicate_groups"] == 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
-def test_a_killed_or_hung_teacher_service_is_restarted_and_its_requests_retried(ray_session, signum):
-    """SIGSTOP leaves the teacher alive but silent: the worker kills it after
-    rollout.service_timeout_s, and the call is retried on the restarted service as after a crash."""
-    import ray
+def oracle_restarting_slowly(marker: str):
+    """The oracle backend, except that while `marker` exists every build -- every restart of the
+    service -- first takes 12 s, longer than the calls' deadline: a fake of a slow model load
+    only, the service around it is the real one."""
+    oracle = teacher_backend("oracle")
 
+    def build(config, ctx):
+        if os.path.exists(marker):
+            time.sleep(12.0)
+        return oracle.build(config, ctx)
+
+    return dataclasses.replace(oracle, build=build)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_killed_or_hung_teacher_service_is_restarted_once_and_its_requests_retried(ray_session, tmp_path, signum):
+    """SIGSTOP leaves the teacher alive but silent: the worker kills it after
+    rollout.service_timeout_s, and the call is retried on the restarted service as after a crash.
+    Its restarts outlast the calls' deadline: the calls left waiting (two groups run at once) kill
+    no incarnation but the silent one -- not one that is starting -- so the service is restarted
+    once and needs no more restarts than that."""
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    marker = tmp_path / "restart-slowly"
+    backend = f"oracle_restarting_slowly_{signum.name}"
+    register_teacher_backend(backend, oracle_restarting_slowly(str(marker)))
     buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
-    teacher = create_teacher_service(TeacherConfig(backend="oracle", batch_window_s=0.05), NANO,
-                                     BabyAITextConfig(), num_cpus=0)
+    teacher = create_teacher_service(TeacherConfig(backend=backend, batch_window_s=0.05, max_restarts=1),
+                                     NANO, BabyAITextConfig(), num_cpus=0)
     pid = ray.get(teacher.stats.remote())["pid"]
     pool = RolloutPool(1, rollout_config(service_timeout_s=10.0), NANO, buffer, [teacher], num_cpus=0.5,
                        algorithm=AlgorithmConfig(name="opd"))
@@ -240,14 +265,36 @@ def test_a_killed_or_hung_teacher_service_is_restarted_and_its_requests_retried(
     deadline = time.monotonic() + 120
     while ray.get(teacher.stats.remote())["num_requests"] < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
+    marker.touch()
     os.kill(pid, signum)
     pool.wait(timeout_s=300)
     assert ray.get(teacher.stats.remote())["pid"] != pid
+    assert actor_state(teacher).num_restarts == 1
     assert pool.num_failed_runs == 0  # the worker's `score` call was retried, not failed
     samples = drain(ray, buffer)
     assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(4)]
     assert all(s.teacher_logprobs is not None for s in samples)
     assert ray.get(buffer.stats.remote())["num_duplicate_groups"] == 0
+
+
+def test_a_silent_service_sits_out_a_record_and_its_restart_is_rays_count(ray_session):
+    """The driver's records ask the services for gauges with a deadline (jobs/recorder.py)."""
+    import ray
+
+    from jobs.recorder import answers_within
+
+    teacher = create_teacher_service(TeacherConfig(backend="oracle"), NANO, BabyAITextConfig(), num_cpus=0)
+    pid = ray.get(teacher.stats.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    assert answers_within([teacher], timeout_s=1.0) == [None]
+    assert time.monotonic() - start < 10
+    ray.kill(teacher, no_restart=False)
+    deadline = time.monotonic() + 120
+    while actor_state(teacher) != ActorState(state="ALIVE", num_restarts=1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [answer] = answers_within([teacher], timeout_s=30.0)
+    assert answer is not None and answer["pid"] != pid
 
 
 def engine_dies_worker(after: int, marker: str | None):
