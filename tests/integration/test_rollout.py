@@ -14,10 +14,11 @@ from actors.pool import RolloutPool
 from actors.rollout_worker import RolloutConfig
 from buffer.actor import BufferConfig, create_buffer_actor, fetch_samples
 from buffer.contracts import table_to_samples
+from cluster.actor_state import actor_state
 from envs.babyai_text import BabyAITextConfig
+from jobs.recorder import answers_within
 from learner.algorithms import AlgorithmConfig
 from models.loading import ModelConfig
-from cluster.actor_state import ActorState, actor_state
 from teacher.registry import register_teacher_backend, teacher_backend
 from teacher.service import TeacherConfig, create_teacher_service
 
@@ -247,7 +248,8 @@ def test_a_killed_or_hung_teacher_service_is_restarted_once_and_its_requests_ret
     rollout.service_timeout_s, and the call is retried on the restarted service as after a crash.
     Its restarts outlast the calls' deadline: the calls left waiting (two groups run at once) kill
     no incarnation but the silent one -- not one that is starting -- so the service is restarted
-    once and needs no more restarts than that."""
+    once and needs no more restarts than that. The driver's records (jobs/recorder.py) do not
+    wait for a silent service's gauges, and count its restarts as Ray does."""
     import ray
     from ray import cloudpickle
 
@@ -267,6 +269,9 @@ def test_a_killed_or_hung_teacher_service_is_restarted_once_and_its_requests_ret
         time.sleep(0.02)
     marker.touch()
     os.kill(pid, signum)
+    if signum == signal.SIGSTOP:  # the driver's records ask it for gauges meanwhile, with a deadline
+        start = time.monotonic()
+        assert answers_within([teacher], timeout_s=1.0) == [None] and time.monotonic() - start < 5
     pool.wait(timeout_s=300)
     assert ray.get(teacher.stats.remote())["pid"] != pid
     assert actor_state(teacher).num_restarts == 1
@@ -275,26 +280,6 @@ def test_a_killed_or_hung_teacher_service_is_restarted_once_and_its_requests_ret
     assert sorted({s.group_id for s in samples}) == [f"worker-0:{i}" for i in range(4)]
     assert all(s.teacher_logprobs is not None for s in samples)
     assert ray.get(buffer.stats.remote())["num_duplicate_groups"] == 0
-
-
-def test_a_silent_service_sits_out_a_record_and_its_restart_is_rays_count(ray_session):
-    """The driver's records ask the services for gauges with a deadline (jobs/recorder.py)."""
-    import ray
-
-    from jobs.recorder import answers_within
-
-    teacher = create_teacher_service(TeacherConfig(backend="oracle"), NANO, BabyAITextConfig(), num_cpus=0)
-    pid = ray.get(teacher.stats.remote())["pid"]
-    os.kill(pid, signal.SIGSTOP)
-    start = time.monotonic()
-    assert answers_within([teacher], timeout_s=1.0) == [None]
-    assert time.monotonic() - start < 10
-    ray.kill(teacher, no_restart=False)
-    deadline = time.monotonic() + 120
-    while actor_state(teacher) != ActorState(state="ALIVE", num_restarts=1) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    [answer] = answers_within([teacher], timeout_s=30.0)
-    assert answer is not None and answer["pid"] != pid
 
 
 def engine_dies_worker(after: int, marker: str | None):
