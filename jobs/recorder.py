@@ -5,8 +5,9 @@ recovered run) while a record's totals continue over the whole run, so the recor
 it saw at the previous step and turns every source into this step's delta: rollout workers
 report their deltas themselves, the buffer's and the judge's counters are diffed here, and a
 teacher service's restarts are Ray's count of them. A service that does not answer in time (hung
-until a worker kills it, or restarting) never stalls a record: its gauges sit out that step. A resume or a recovery starts a new recorder from
-the records it keeps (`restore`) and the faults the replaced run counted after them (`faults`).
+until a worker kills it, or restarting) never stalls a record: its gauges sit out that step. A
+resume or a recovery starts a new recorder from the records it keeps (`restore`) and the faults
+the replaced run counted after them (`faults`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class StepRecorder:
                         for key, value in self._faults.items()}
 
     def teachers_replaced(self) -> None:
-        """The teacher services went (a schedule stopped them): none of their pids is a restart."""
+        """The teacher services went (a schedule stopped them): their restart counts are no longer diffed."""
         self._teacher_restarts = []
 
     def skipped(self, stats: dict, version: int, limit: int) -> None:
