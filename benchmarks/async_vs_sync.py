@@ -484,10 +484,10 @@ def main() -> None:
     cost = CostModel()
     init_local_ray(num_cpus=2)
     sims, headroom = {}, {}
-    planned_turns = {name: mean_turns(parse_workload(name)) for name in args.workloads}
+    workloads = {name: parse_workload(name) for name in args.workloads}
+    planned_turns = {name: mean_turns(work) for name, work in workloads.items()}
     try:
-        for name in args.workloads:
-            work = parse_workload(name)
+        for name, work in workloads.items():
             bounds = sorted({0, 2, *(args.extra_bounds if name == args.workloads[0] else ())})
             sims[name] = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale,
                                       args.payload_div, "turn" if s == 0 else args.staleness_of)  # bound 0: per turn
@@ -531,7 +531,7 @@ def main() -> None:
                       f"{real['2']['stale_drop_frac']:.3f} stale_drop_frac_real_seg={real['2seg']['stale_drop_frac']:.3f}")
     keys = []
     for k, (name, sim) in enumerate(sims.items()):
-        work = parse_workload(name)
+        work = workloads[name]
         suffix = result_suffix(work, k == 0)
         keys += [f"async_over_sync_sim{suffix}={sim[2]['samples_per_s'] / sim[0]['samples_per_s']:.2f}",
                  f"learner_idle_sim{suffix}={sim[2]['learner_idle']:.3f}",

@@ -209,7 +209,7 @@ def answers_within(services: list, timeout_s: float) -> list[dict | None]:
     import ray
 
     refs = [service.stats.remote() for service in services]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
     answers: list[dict | None] = []
     for ref in refs:
         try:
