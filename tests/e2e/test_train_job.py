@@ -1,5 +1,6 @@
-"""`python -m jobs.train` for real: a short run, its metrics endpoint, Parquet, checkpoint and resume;
-the same job through `ray job submit` against a head this test starts and stops."""
+"""`python -m jobs.train` for real: the embedded default submitted with `ray job submit` to a head
+the test starts and stops (its metrics endpoint, Parquet, checkpoint, then resume), and short
+runs of the other algorithms and configs."""
 
 import json
 import os
@@ -28,8 +29,8 @@ SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano"
          "run.checkpoint_every=2", "warm_start.num_episodes=0", "run.report=false", *IN_PROCESS]
 """A short run of the embedded default with the nano model. Its engine core runs in the worker's
 own process: an engine starts in half the time (docs/vllm_cpu.md), and most of a short job is
-its start. The report a job writes at its end is drawn by the train-and-resume test's resume only. The default, a separate engine-core process, is what the train-and-resume test and
-the `ray job submit` test run (DEFAULT_ENGINE)."""
+its start. The report a job writes at its end is drawn by the `ray job submit` test's resume
+only. The default, a separate engine-core process, is what that test submits (DEFAULT_ENGINE)."""
 
 
 def job_env():
@@ -69,82 +70,6 @@ def assert_quiet_console(out: str, run_dir: Path) -> None:
     assert len(out.splitlines()) <= 80, len(out.splitlines())
     kept = (run_dir / "logs" / "workers.log").read_text()
     assert len(THIRD_PARTY_WARNING.findall(kept)) >= 3  # the engine's start prints several
-
-
-def test_train_checkpoint_metrics_and_resume(tmp_path):
-    run_dir, port = tmp_path / "run", free_port()
-    # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
-    warm = ["warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4"]
-    wandb = ["run.wandb.project=apprentice-e2e", "run.wandb.mode=offline"]
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *SHORT, *warm, *wandb, DEFAULT_ENGINE, f"run.dir={run_dir}",
-                             "run.steps=4", f"run.metrics_port={port}"], cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    scraped, listeners, live = "", [], []
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            text = scrape(port)
-            if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
-                if not scraped:  # Ray, the metrics endpoint and vLLM's engine-core process
-                    listeners = listening_addresses(proc.pid)
-                scraped = text
-            if 'apprentice_eval_success{task_type="overall"}' in text:  # an evaluation has run
-                live = live_status_lines(f"127.0.0.1:{port}")  # `jobs.status --address` on the live job
-        except (OSError, ValueError):  # not serving yet, or gone (live_status_lines says so with ValueError)
-            pass
-        time.sleep(0.2)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    assert_loopback_only(listeners, port)
-    assert_quiet_console(out, run_dir)
-    assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
-    # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
-    solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
-    warm = 2 * -(-solved // 4)
-    assert solved > 0 and f"warm start: {warm}/{warm} SFT steps, loss " in out and "sft  " not in out
-    assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == list(range(1, warm + 1))
-    final = warm + 4
-    assert f"step {final:4d}" in out and f'"final_version": {final}' in out
-    for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
-                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success", "horizon_k",
-                 "rollout_prompt_tokens_per_turn"):
-        assert f"apprentice_{name}" in scraped, name
-    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in table] == list(range(warm + 1, final + 1))
-    for row in table:
-        staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
-        assert staleness and max(staleness) <= 2 and min(staleness) >= 0
-    # Rates are over the episodes that finished during a step (None when none did).
-    per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
-    assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
-    assert any(r["eval_success_by_type"] for r in table)
-    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
-
-    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
-                              "run.report=true", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_quiet_console(resumed.stdout + resumed.stderr, run_dir)
-    assert "resumed from" in resumed.stdout and f"at version {final}" in resumed.stdout
-    assert "warm start" not in resumed.stdout  # done once, before the first checkpoint
-    assert f"step {final + 1:4d}" in resumed.stdout and f"step {warm + 1:4d} " not in resumed.stdout
-    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in table] == list(range(warm + 1, warm + 7))
-    # Totals continue across the resume (the resumed workers and buffer count from 0).
-    assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
-    assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
-    # The job reports itself at its end: every figure, the table with the warm start's eval, and
-    # a summary naming them as its last lines.
-    assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
-    last = [line for line in resumed.stdout.splitlines() if not line.startswith(("(", "\x1b["))][-4:]  # no actor logs
-    assert last[0].startswith(f"run ended at version {warm + 6} (6 learner steps recorded, after {warm} warm-start")
-    assert last[1].startswith("eval ") and last[2] == f"report {run_dir / 'report.md'} and its figures"
-    assert json.loads(last[3]) == {"final_version": warm + 6, "run_dir": str(run_dir)}
-    # W&B (offline): the resumed job continued the first job's run.
-    run_id = (run_dir / "wandb_run_id").read_text()
-    offline = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
-    assert len(offline) == 2 and all(path.stat().st_size > 0 for path in offline)
-    assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
 
 
 def test_bad_job_config_fails_before_any_actor(tmp_path):
@@ -220,17 +145,21 @@ def prometheus_api(port: int, path: str) -> list:
     return answer["data"]
 
 
-def test_the_same_job_through_ray_job_submit(tmp_path):
+def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp_path):
     """README's recipe as written: activate the environment, start a head, submit, (stop). The
     shell's PATH does not hold the environment otherwise, so a recipe that forgets to activate
     it fails here as it does for a user (the job's `python` would be the system one). Only the
     ports (free ones), `--block`/`--no-wait` and the job's length differ; the test stops the head
     it started by its process group instead of `ray stop` (which stops every Ray on the machine).
 
-    The observability stack with real parts: a Prometheus server with the shipped scrape config
-    scrapes the job's driver and Ray's per-node endpoint; every series the shipped Grafana
-    dashboard plots must be in Prometheus afterwards. The dashboard's actor list has the run's
-    named actors with their reprs."""
+    The submitted job is the embedded default, short: a small warm start, 4 steps with an eval
+    each, checkpoints, W&B offline. While it runs: every listener of the head's processes (Ray's,
+    the job's metrics endpoint, vLLM's engine-core process) is on 127.0.0.1, and `jobs.status
+    --address` reads the live job. The observability stack with real parts: a Prometheus server
+    with the shipped scrape config scrapes the job's driver and Ray's per-node endpoint; every
+    series the shipped Grafana dashboard plots must be in Prometheus afterwards. The dashboard's
+    actor list has the run's named actors with their reprs. After the head is stopped,
+    `python -m jobs.train --resume` continues the run on an embedded node and reports it."""
     activate, start, submit_line, stop = readme_commands("## Submitting to a Ray cluster")
     assert activate == "source .venv/bin/activate" and stop == "ray stop"
     activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
@@ -245,10 +174,13 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
     submit_line = submit_line.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{dashboard}")
     assert submit_line.startswith("ray job submit ") and " -- python -m jobs.train --config " in submit_line
     submit_line = submit_line.replace("ray job submit ", "ray job submit --no-wait ", 1)
-    driver_port = free_port()
-    # An eval at every step: the eval gauge exists from step 1 on, not only in the run's last
-    # seconds, which a 5 s scrape can miss (it did once in CI).
-    overrides = " ".join(SHORT[2:] + [DEFAULT_ENGINE, f"run.dir={tmp_path / 'run'}", "run.steps=6", "run.eval_every=1",
+    run_dir, driver_port = tmp_path / "run", free_port()
+    # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
+    # An eval at every step: the eval gauge exists from the first step on, not only in the run's
+    # last seconds, which a 5 s scrape can miss (it did once in CI).
+    overrides = " ".join(SHORT[2:] + [DEFAULT_ENGINE, f"run.dir={run_dir}", "run.steps=4", "run.eval_every=1",
+                                      "warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4",
+                                      "run.wandb.project=apprentice-e2e", "run.wandb.mode=offline",
                                       f"run.metrics_port={driver_port}"])
     prometheus = None
     try:
@@ -274,14 +206,29 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
             time.sleep(2)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submitted.stdout + submitted.stderr).group(1)
-        logs = subprocess.run([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id],
-                              cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
-        assert logs.returncode == 0 and "step    6" in logs.stdout, logs.stdout + logs.stderr
+        logs = subprocess.Popen([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id], cwd=ROOT,
+                                env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        scraped, listeners, live = "", [], []
+        deadline = time.monotonic() + 600
+        while logs.poll() is None and time.monotonic() < deadline:
+            try:
+                text = scrape(driver_port)
+                if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
+                    if not scraped:  # the head's Ray, the metrics endpoint and vLLM's engine-core process
+                        listeners = listening_addresses(head.pid)
+                    scraped = text
+                if 'apprentice_eval_success{task_type="overall"}' in text:  # an evaluation has run
+                    live = live_status_lines(f"127.0.0.1:{driver_port}")  # `jobs.status --address` on the live job
+            except (OSError, ValueError):  # not serving yet, or gone (live_status_lines says so with ValueError)
+                pass
+            time.sleep(0.2)
+        out, _ = logs.communicate(timeout=60)
+        assert logs.returncode == 0, out
         namespace = "apprentice-run"  # run.dir's name
-        assert f"ray namespace {namespace}" in logs.stdout
+        assert f"ray namespace {namespace}" in out
         status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
                                 capture_output=True, text=True, timeout=60)
-        assert "succeeded" in (status.stdout + status.stderr).lower()
+        assert "succeeded" in (status.stdout + status.stderr).lower(), out
         # The dashboard's Actors page: every actor of the run named in the run's namespace, with a repr.
         listed = subprocess.run([str(ray_bin), "list", "actors", "--address", address, "--detail", "--format", "json",
                                  "--limit", "1000"], env=job_env(), capture_output=True, text=True, timeout=120)
@@ -295,25 +242,78 @@ def test_the_same_job_through_ray_job_submit(tmp_path):
         # Prometheus scraped both targets: the driver's series and the actors' series through Ray
         # (those live on Ray's endpoint only while the actors do, so only a scrape during the run has them).
         names = set(prometheus_api(prometheus_port, "label/__name__/values"))
-        dashboard = (ROOT / "cluster" / "grafana_dashboard.json").read_text()
-        plotted = set(re.findall(r"\b(?:ray_)?apprentice_\w+", dashboard))
+        grafana = (ROOT / "cluster" / "grafana_dashboard.json").read_text()
+        plotted = set(re.findall(r"\b(?:ray_)?apprentice_\w+", grafana))
         assert plotted and plotted <= names, f"dashboard series Prometheus never scraped: {sorted(plotted - names)}"
         wanted = {"apprentice_learner_version", "apprentice_rollout_tokens_per_s", "apprentice_buffer_occupancy",
                   "apprentice_consumed_staleness_bucket", "ray_apprentice_learner_version",
                   "ray_apprentice_rollout_tokens_total", "ray_apprentice_consumed_staleness_bucket"}
         assert wanted <= names, sorted(wanted - names)
-        # The learner's version as scraped every 5 s: it rose during the run (the last step or two
-        # can end between two scrapes, after which the job's endpoint is gone).
+        # The learner's version as scraped: it rose during the run (the last step or two can end
+        # between two scrapes, after which the job's endpoint is gone).
         seen = prometheus_api(prometheus_port, "query?query=max_over_time(apprentice_learner_version[1h])")
         first = prometheus_api(prometheus_port, "query?query=min_over_time(apprentice_learner_version[1h])")
         (top,), (bottom,) = [float(v["value"][1]) for v in seen["result"]], [float(v["value"][1]) for v in first["result"]]
-        assert 0 <= bottom < top <= 6, (bottom, top)  # 0: the gauge before the first step
     finally:
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(timeout=60)
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
+
+    assert_loopback_only(listeners, driver_port)
+    assert_quiet_console(out, run_dir)
+    assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
+    # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
+    solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
+    warm = 2 * -(-solved // 4)
+    assert solved > 0 and f"warm start: {warm}/{warm} SFT steps, loss " in out and "sft  " not in out
+    assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == list(range(1, warm + 1))
+    final = warm + 4
+    assert 0 <= bottom < top <= final, (bottom, top)  # 0: the gauge before the first step
+    assert f"step {final:4d}" in out and f'"final_version": {final}' in out
+    for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
+                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success", "horizon_k",
+                 "rollout_prompt_tokens_per_turn"):
+        assert f"apprentice_{name}" in scraped, name
+    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in table] == list(range(warm + 1, final + 1))
+    for row in table:
+        staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
+        assert staleness and max(staleness) <= 2 and min(staleness) >= 0
+    # Rates are over the episodes that finished during a step (None when none did).
+    per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
+    assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
+    assert any(r["eval_success_by_type"] for r in table)
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
+
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
+                              "run.report=true", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_quiet_console(resumed.stdout + resumed.stderr, run_dir)
+    assert "resumed from" in resumed.stdout and f"at version {final}" in resumed.stdout
+    assert "warm start" not in resumed.stdout  # done once, before the first checkpoint
+    assert f"step {final + 1:4d}" in resumed.stdout and f"step {warm + 1:4d} " not in resumed.stdout
+    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in table] == list(range(warm + 1, warm + 7))
+    # Totals continue across the resume (the resumed workers and buffer count from 0).
+    assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
+    assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
+    # The job reports itself at its end: every figure, the table with the warm start's eval, and
+    # a summary naming them as its last lines.
+    assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
+    last = [line for line in resumed.stdout.splitlines() if not line.startswith(("(", "\x1b["))][-4:]  # no actor logs
+    assert last[0].startswith(f"run ended at version {warm + 6} (6 learner steps recorded, after {warm} warm-start")
+    assert last[1].startswith("eval ") and last[2] == f"report {run_dir / 'report.md'} and its figures"
+    assert json.loads(last[3]) == {"final_version": warm + 6, "run_dir": str(run_dir)}
+    # W&B (offline): the resumed job continued the first job's run.
+    run_id = (run_dir / "wandb_run_id").read_text()
+    offline = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(offline) == 2 and all(path.stat().st_size > 0 for path in offline)
+    assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
+
+
 
 
 def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
