@@ -241,26 +241,14 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
 
     `dry` (a dry run): nothing is downloaded; every check runs and records its problem there;
     a check that needs a model that is missing (or not in the cache yet) is said not run."""
-    import importlib.util
     import socket
-
-    from envs.privileged import PrivilegedContext
 
     def check(name: str, body: Callable[[], Any]) -> Any:
         return body() if dry is None else dry.run(name, body)
 
     unavailable, student = _check_models(config, check, dry)
     _check_teachers(config, check, dry, unavailable, student)
-    for where, privileged in [("rollout.loop.privileged", config.rollout.loop.privileged)] + \
-            [("teacher.privileged", t.privileged) for t in config.teachers]:
-        if privileged.enabled:  # the skill bank loads, the environment has a map if one is asked for
-            def loads() -> None:
-                try:
-                    PrivilegedContext(privileged).check(make_env(config.env))
-                except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
-
-            check(where, loads)
+    _check_privileged(config, check)
     if config.judge is not None and config.judge.serve is None:
         # reachable, model served, key accepted (a served judge is checked once its server is up)
         if config.model.path in unavailable:
@@ -276,13 +264,7 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
             config.learner.algorithm, lambda: _teacher_success_known(config), None))
     if algorithm.curriculum is not None:  # B2F reads its expert trajectories here
         check("curriculum", lambda: algorithm.curriculum(config.learner.algorithm))
-    if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        check("run.tensorboard", lambda: _raise("run.tensorboard is true but the tensorboard package is not "
-                                                "installed: pip install -e '.[tensorboard]', or set run.tensorboard=false"))
-    wandb = config.run.wandb
-    if wandb is not None and wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
-        check("run.wandb", lambda: _raise("run.wandb is set but the wandb package is not installed: pip install -e "
-                                          "'.[wandb]', or remove run.wandb"))
+    _check_loggers(config, check)
     if config.run.metrics_port is not None:
         def port_free() -> None:
             with socket.socket() as probe:
@@ -294,6 +276,36 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
 
         check("run.metrics_port", port_free)
 
+
+
+def _check_privileged(config: JobConfig, check: Callable[[str, Callable[[], Any]], Any]) -> None:
+    """Each privileged context asked for (the student's, each teacher's): the skill bank loads,
+    and the environment has a map if one is asked for."""
+    from envs.privileged import PrivilegedContext
+
+    for where, privileged in [("rollout.loop.privileged", config.rollout.loop.privileged)] + \
+            [("teacher.privileged", t.privileged) for t in config.teachers]:
+        if privileged.enabled:
+            def loads() -> None:
+                try:
+                    PrivilegedContext(privileged).check(make_env(config.env))
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+
+            check(where, loads)
+
+
+def _check_loggers(config: JobConfig, check: Callable[[str, Callable[[], Any]], Any]) -> None:
+    """The optional packages the run's loggers need are installed."""
+    import importlib.util
+
+    if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        check("run.tensorboard", lambda: _raise("run.tensorboard is true but the tensorboard package is not "
+                                                "installed: pip install -e '.[tensorboard]', or set run.tensorboard=false"))
+    wandb = config.run.wandb
+    if wandb is not None and wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        check("run.wandb", lambda: _raise("run.wandb is set but the wandb package is not installed: pip install -e "
+                                          "'.[wandb]', or remove run.wandb"))
 
 def _check_models(config: JobConfig, check: Callable, dry: Checks | None) -> tuple[set[str], Any]:
     """Hub names are downloaded here, once, before any actor reads them from the cache (not in a

@@ -308,9 +308,6 @@ class TrainingRun:
         A stop request ends it early; the checkpoint then holds a partial warm start, and a
         resumed run goes on with the main loop.
         """
-        import ray
-
-        from buffer.actor import SampleBatch, encode_trajectories
         from jobs.console import progress_bar
         from jobs.warm_start import demonstrations, epoch_batches, num_steps
         from learner.algorithms import AlgorithmConfig
@@ -332,21 +329,11 @@ class TrainingRun:
         for episodes in epoch_batches(demos, ws):
             if should_stop():
                 break
-            encoded = encode_trajectories(episodes)
-            batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),),
-                                (encoded.policy_versions,))
-            stats = self.learner.train(batch, sft, ws.lr)
-            if stats["skipped"]:
-                self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
-                continue
-            self.version = int(stats["version"])
-            rows.append({"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
-                         "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
-                         "eval_success": None, "eval_success_by_type": None})
-            bar.set_postfix(loss=f"{stats['loss']:.4f}", refresh=False)
-            bar.update(1)
-            for log in self.logs:
-                log.scalar("warm_start/loss", stats["loss"], self.version)
+            row = self._sft_step(episodes, sft, ws.lr)
+            if row is not None:
+                rows.append(row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)
+                bar.update(1)
         bar.close()
         self.warm_steps = self.version
         if not rows:
@@ -364,6 +351,26 @@ class TrainingRun:
         self.checkpoint()
         if ws.export:
             self.learner.export_hf(str(self.dir / "warm_start_hf"))
+
+    def _sft_step(self, episodes: list, sft, lr: float) -> dict | None:
+        """One warm-start step on these demonstrations: its warm_start.parquet row, or None when
+        the learner skipped it (a non-finite loss)."""
+        import ray
+
+        from buffer.actor import SampleBatch, encode_trajectories
+
+        encoded = encode_trajectories(episodes)
+        batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),), (encoded.policy_versions,))
+        stats = self.learner.train(batch, sft, lr)
+        if stats["skipped"]:
+            self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
+            return None
+        self.version = int(stats["version"])
+        for log in self.logs:
+            log.scalar("warm_start/loss", stats["loss"], self.version)
+        return {"version": self.version, "loss": stats["loss"], "num_samples": encoded.num_samples,
+                "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
+                "eval_success": None, "eval_success_by_type": None}
 
     def loop(self, should_stop: Callable[[], bool]) -> None:
         import ray
