@@ -277,7 +277,6 @@ def preflight(config: JobConfig, dry: Checks | None = None) -> None:
         check("run.metrics_port", port_free)
 
 
-
 def _check_privileged(config: JobConfig, check: Callable[[str, Callable[[], Any]], Any]) -> None:
     """Each privileged context asked for (the student's, each teacher's): the skill bank loads,
     and the environment has a map if one is asked for."""
@@ -306,6 +305,7 @@ def _check_loggers(config: JobConfig, check: Callable[[str, Callable[[], Any]], 
     if wandb is not None and wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
         check("run.wandb", lambda: _raise("run.wandb is set but the wandb package is not installed: pip install -e "
                                           "'.[wandb]', or remove run.wandb"))
+
 
 def _check_models(config: JobConfig, check: Callable, dry: Checks | None) -> tuple[set[str], Any]:
     """Hub names are downloaded here, once, before any actor reads them from the cache (not in a
