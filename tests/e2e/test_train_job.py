@@ -314,8 +314,6 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
 
 
-
-
 def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
     experts = tmp_path / "expert"
     collected = subprocess.run([sys.executable, "-m", "jobs.collect_expert", "env.room_size=6", "env.num_distractors=0",
