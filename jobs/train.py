@@ -76,6 +76,9 @@ class RunConfig(BaseModel):
     max_wall_s: float | None = Field(default=None, gt=0)
     """Stop (checkpoint, export) once the warm start and loop have run this long; None: no limit.
     Comparisons at equal wall clock use it (benchmarks/learning_compare.py)."""
+    target_eval_success: float | None = Field(default=None, gt=0, le=1)
+    """Stop (checkpoint, export) at the first periodic evaluation that reaches this success; None:
+    never. A curriculum stage's exit (benchmarks/mixed_hour.py)."""
     batch_timeout_s: float = Field(default=300.0, gt=0)
     """The learner trains on what it has after waiting this long for a full batch."""
     max_failures: int = Field(default=3, ge=0)

@@ -182,6 +182,8 @@ class TrainingRun:
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
+        self.target_reached = False
+        """An evaluation reached run.target_eval_success: the loop ends."""
         if resume:
             self._resume()
 
@@ -343,6 +345,7 @@ class TrainingRun:
         self.pool.publish_weights(self.learner.publish(), self.version)
         if self.config.run.eval_every:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()
+            self._check_target(rows[-1]["eval_success"])
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
             for log in self.logs:
@@ -379,7 +382,7 @@ class TrainingRun:
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         last_sample = time.monotonic()
-        while self.version < self.warm_steps + run.steps and not should_stop():
+        while self.version < self.warm_steps + run.steps and not should_stop() and not self.target_reached:
             wait_start = time.perf_counter()
             batch = self._wait_for_batch(B, should_stop)
             idle = time.perf_counter() - wait_start
@@ -405,6 +408,7 @@ class TrainingRun:
             if run.eval_every and step % run.eval_every == 0:
                 overall, by_type = self.evaluate()
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
+                self._check_target(overall)
             if self.schedule is not None and self.schedule.after_step(self.version, row.reverse_kl, row.eval_success):
                 self._stop_teacher()
             self.recorder.rows.append(row)
@@ -420,6 +424,12 @@ class TrainingRun:
             self.checkpoint()
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
+
+    def _check_target(self, eval_success: float) -> None:
+        target = self.config.run.target_eval_success
+        if target is not None and eval_success >= target and not self.target_reached:
+            self.target_reached = True
+            print(f"eval {eval_success:.2f} reached run.target_eval_success={target}: stopping", flush=True)
 
     def _say_waiting(self, num_samples: int, idle: float) -> None:
         """The learner got fewer samples than a batch: say so, with the likeliest cause when known."""

@@ -403,3 +403,21 @@ def test_the_start_banner_says_what_runs_and_where_to_watch_it():
     quiet = load_config(JobConfig, "jobs/configs/babyai_grpo_tiny.yaml", ["run.metrics_port=null"])
     assert "teacher none" in banner(quiet, "ns") and "metrics off" in banner(quiet, "ns")
     assert banner(quiet, "ns", dashboard="127.0.0.1:8265").endswith("; dashboard http://127.0.0.1:8265")
+
+
+def test_target_eval_success_ends_the_run_at_the_first_evaluation_that_reaches_it(capsys):
+    from types import SimpleNamespace
+
+    from jobs.train import JobConfig
+    from jobs.training import TrainingRun
+
+    run = SimpleNamespace(config=load_config(JobConfig, None, ["run.target_eval_success=0.6"]), target_reached=False)
+    TrainingRun._check_target(run, 0.59)
+    assert not run.target_reached
+    TrainingRun._check_target(run, 0.6)
+    assert run.target_reached and "reached run.target_eval_success=0.6" in capsys.readouterr().out
+    never = SimpleNamespace(config=load_config(JobConfig, None, []), target_reached=False)
+    TrainingRun._check_target(never, 1.0)
+    assert not never.target_reached
+    with pytest.raises(ConfigError, match="target_eval_success"):
+        load_config(JobConfig, None, ["run.target_eval_success=1.5"])

@@ -1,0 +1,135 @@
+"""The seed's own level within a wall-clock budget: a student from scratch, a curriculum, eval50.
+
+Everything from the first demonstration to the final evaluation runs inside `--wall-s` (default
+one hour), measured from this script's start:
+
+1. curriculum stages, each a `python -m jobs.train` of `jobs/configs/babyai_mixed_hour.yaml`
+   with the stage's overrides, starting from the stage before's exported policy (`hf/`):
+   `starter` (6x6 room, no distractor, go_to and pick_up), `distractors` (8x8 room, 4
+   distractors, six task types), then `mixed` (the study's MixedTrainLocal, the file as is).
+   Each begins with a short SFT on the bot's demonstrations of its level and goes on with OPD
+   against the oracle teacher (the bot's action at every state the student reaches: DAgger's
+   relabelling). A stage ends when its periodic evaluation reaches its target
+   (`run.target_eval_success`; measured success, not a fixed schedule) or its share of the
+   budget is spent; the last stage gets whatever is left;
+2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
+   20 turns, greedy): inside the budget;
+3. outside the budget, the floor and the ceiling on the same tasks: `policy=random` (a random
+   tool every turn) and `policy=expert` (the bot).
+
+    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
+
+Goal (issue: the seed's level on a laptop): eval50 >= 0.3 within 3,600 s on 2 cores (document
+000's Qwen3-14B with GRPO: 0.30-0.36); stretch 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from learning_opd import evaluate  # benchmarks/ is on sys.path when run as a script
+
+CONFIG = "jobs/configs/babyai_mixed_hour.yaml"
+FINAL_EVAL_S = 90.0
+"""Kept back from the last stage for the final eval50 run (a vLLM start and 50 greedy episodes)."""
+JOB_START_S = 60.0
+"""A job's start before its wall clock (run.max_wall_s) begins: imports, Ray, actors, engine."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    overrides: tuple[str, ...]
+    share: float
+    """Fraction of the budget the stage may use at most (the last stage: the rest)."""
+    target: float | None
+    """Eval success that ends the stage early; None: the stage runs to its share."""
+
+
+STAGES = (
+    Stage("starter", ("env.room_size=6", "env.num_distractors=0", "env.task_types=[go_to,pick_up]",
+                      "run.eval_split=eval", "run.eval_every=10", "run.eval_tasks=40",
+                      "warm_start.num_episodes=256", "warm_start.epochs=2"), 0.2, 0.8),
+    Stage("distractors", ("env.num_distractors=4", "run.eval_split=eval", "run.eval_every=10",
+                          "run.eval_tasks=40"), 0.3, 0.6),
+    Stage("mixed", (), 1.0, None),
+)
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(version, eval success) of the warm start's end and every periodic evaluation."""
+    rows = []
+    for name in ("warm_start.parquet", "metrics.parquet"):
+        if (run_dir / name).exists():
+            rows += [(r["version"], r["eval_success"]) for r in pq.read_table(run_dir / name).to_pylist()
+                     if r.get("eval_success") is not None]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--wall-s", type=float, default=3600.0)
+    parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
+    parser.add_argument("--out", default="runs/mixed_hour")
+    args = parser.parse_args()
+    from jobs.config import load_config
+    from jobs.train import JobConfig
+
+    start = time.monotonic()
+    deadline = start + args.wall_s
+    out = Path(args.out)
+    seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
+              f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
+    model_path, curves = None, {}
+    for i, stage in enumerate(STAGES):
+        last = i == len(STAGES) - 1
+        left = deadline - time.monotonic() - FINAL_EVAL_S
+        budget = left if last else min(left, stage.share * args.wall_s)
+        if budget < 2 * JOB_START_S:
+            print(f"stage {stage.name}: skipped, {left:.0f} s left", flush=True)
+            continue
+        run_dir = out / stage.name
+        overrides = [*seeded, *stage.overrides, f"run.dir={run_dir}", f"run.max_wall_s={budget - JOB_START_S:.0f}"]
+        if stage.target is not None:
+            overrides.append(f"run.target_eval_success={stage.target}")
+        if model_path is not None:
+            overrides.append(f"model.path={model_path}")
+        print(f"stage {stage.name}: up to {budget:.0f} s, {' '.join(stage.overrides) or 'the study level'}",
+              flush=True)
+        stage_start = time.monotonic()
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{stage.name}.log", "w") as log:  # the job's console, for its step lines
+            subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", CONFIG, *overrides],
+                           check=True, stdout=log)
+        model_path = str(run_dir / "hf")
+        curves[stage.name] = eval_curve(run_dir)
+        print(f"stage {stage.name}: {time.monotonic() - stage_start:.0f} s, eval (version:success) "
+              + " ".join(f"{v}:{s:.2f}" for v, s in curves[stage.name]), flush=True)
+    assert model_path is not None, "no stage ran: --wall-s is too small"
+    job = load_config(JobConfig, CONFIG, [f"run.dir={out}"])
+    final = evaluate(job, model_path, "model", out / "eval_final", 50)
+    wall = time.monotonic() - start
+    random = evaluate(job, job.model.path, "random", out / "eval_random", 50)
+    expert = evaluate(job, job.model.path, "expert", out / "eval_expert", 50)
+    print(f"{'task type':<22}{'random':>8}{'expert':>8}{'final':>8}")
+    for name in final:
+        print(f"{name:<22}" + "".join(f"{s.get(name, {}).get('success_rate', 0):>8.3f}"
+                                      for s in (random, expert, final)))
+    by_type = ",".join(f"{name}:{s['success_rate']:.2f}" for name, s in final.items() if name != "overall")
+    (out / "mixed_hour.json").write_text(json.dumps({"wall_s": wall, "final": final, "random": random,
+                                                      "expert": expert, "curves": curves}, indent=1))
+    print(f"RESULT eval50_success={final['overall']['success_rate']:.3f} eval50_by_type={by_type} "
+          f"wall_s={wall:.0f} random={random['overall']['success_rate']:.3f} "
+          f"expert={expert['overall']['success_rate']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
