@@ -89,6 +89,7 @@ def main() -> None:
     start = time.monotonic()
     deadline = start + args.wall_s
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
               f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
     model_path, curves = None, {}
@@ -108,7 +109,6 @@ def main() -> None:
         print(f"stage {stage.name}: up to {budget:.0f} s, {' '.join(stage.overrides) or 'the study level'}",
               flush=True)
         stage_start = time.monotonic()
-        out.mkdir(parents=True, exist_ok=True)
         with open(out / f"{stage.name}.log", "w") as log:  # the job's console, for its step lines
             subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", CONFIG, *overrides],
                            check=True, stdout=log)

@@ -427,7 +427,7 @@ class TrainingRun:
 
     def _check_target(self, eval_success: float) -> None:
         target = self.config.run.target_eval_success
-        if target is not None and eval_success >= target and not self.target_reached:
+        if target is not None and eval_success >= target:
             self.target_reached = True
             print(f"eval {eval_success:.2f} reached run.target_eval_success={target}: stopping", flush=True)
 
