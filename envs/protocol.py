@@ -9,6 +9,7 @@ completion (one step apart) can differ between two of its processes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,6 +22,12 @@ class ToolCall:
     """Tool name, one of the environment's tool schemas."""
     arguments: dict[str, Any] = field(default_factory=dict)
     """JSON arguments, already validated against the tool's parameter schema."""
+
+    @classmethod
+    def from_json(cls, text: str) -> "ToolCall":
+        """From a recorded `Turn.executed_call` ({"name", "arguments"} as JSON)."""
+        raw = json.loads(text)
+        return cls(raw["name"], raw["arguments"])
 
 
 @dataclass(frozen=True)

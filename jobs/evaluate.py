@@ -5,7 +5,9 @@
 By default: the zero-shot tiny model, greedy, on the study's 50-task `eval50` split.
 `policy=expert` runs the environment's expert (the BabyAI bot) instead (the ceiling, and a check of the environment
 and loop); `policy=random` calls a uniformly random tool every turn (the floor).
-Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`.
+Writes a table to stdout and `results.json` + `episodes.parquet` to `output_dir`; where the
+environment can tell (BabyAI-Text), each failed episode of the model's gets a failure mode
+(format, navigation, object choice, interaction, sequencing; docs/babyai_text.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
+from envs.protocol import TextEnv, ToolCall
 from envs.registry import EnvSection, default_env_config, make_env
 from jobs.config import config_from_cli
 from models.loading import ModelConfig
@@ -67,15 +70,37 @@ class EvaluateConfig(BaseModel):
         return [EpisodeTask(self.split, self.first_seed + i) for i in range(count)]
 
 
-def summarize(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
-    """Per task type and overall: episodes, success rate, mean turns, format error rate."""
-    groups: dict[str, list[EpisodeResult]] = defaultdict(list)
-    for r in results:
-        groups[r.info.task_type].append(r)
+def executed_calls(result: EpisodeResult) -> list[ToolCall | None]:
+    """The call each action turn executed (None: nothing); [] without a token-level record."""
+    turns = result.trajectory.turns if result.trajectory is not None else ()
+    return [None if t.executed_call is None else ToolCall.from_json(t.executed_call)
+            for t in turns if t.stage == "action"]
+
+
+def failure_modes(env: TextEnv, results: list[EpisodeResult]) -> list[str | None]:
+    """Each failed episode's failure mode, from an environment that can tell
+    (`env.failure_mode(split, seed, executed_calls)`, e.g. BabyAI-Text's); None for a success, an
+    episode without a token-level record (expert, random), or an environment that cannot."""
+    diagnose = getattr(env, "failure_mode", None)
+    if diagnose is None:
+        return [None] * len(results)
+    return [None if r.success or r.trajectory is None else diagnose(r.info.split, r.info.seed, executed_calls(r))
+            for r in results]
+
+
+def summarize(results: list[EpisodeResult], modes: list[str | None] | None = None) -> dict[str, dict]:
+    """Per task type and overall: episodes, success rate, mean turns, format error rate, the
+    executed tool calls by name (model policies), and, where `modes` diagnosed some failures,
+    their count per failure mode."""
+    modes = modes or [None] * len(results)
+    groups: dict[str, list[tuple[EpisodeResult, str | None]]] = defaultdict(list)
+    for r, mode in zip(results, modes, strict=True):
+        groups[r.info.task_type].append((r, mode))
     groups = dict(sorted(groups.items()))
-    groups["overall"] = list(results)
+    groups["overall"] = list(zip(results, modes))
     summary = {}
-    for name, rs in groups.items():
+    for name, rows in groups.items():
+        rs = [r for r, _ in rows]
         turns = sum(r.num_turns for r in rs)
         summary[name] = {
             "num_episodes": len(rs),
@@ -83,19 +108,27 @@ def summarize(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
             "mean_turns": turns / len(rs),
             "format_error_rate": sum(r.num_format_errors for r in rs) / max(turns, 1),
         }
+        if any(modes):
+            summary[name]["failure_modes"] = dict(sorted(Counter(m for _, m in rows if m is not None).items()))
+        calls = Counter(call.name if call else "(none)" for r in rs for call in executed_calls(r))
+        if calls:
+            # A policy that never calls some tool fails every task needing it (docs/babyai_text.md).
+            summary[name]["tool_calls"] = dict(calls.most_common())
     return summary
 
 
-def format_table(summary: dict[str, dict[str, float]]) -> str:
+def format_table(summary: dict[str, dict]) -> str:
     width = max(22, *(len(name) + 2 for name in summary))
-    lines = [f"{'task type':<{width}}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}"]
+    lines = [f"{'task type':<{width}}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}  failures"]
     for name, s in summary.items():
+        failures = " ".join(f"{mode}:{n}" for mode, n in s.get("failure_modes", {}).items())
         lines.append(f"{name:<{width}}{s['num_episodes']:>9}{s['success_rate']:>9.3f}"
-                     f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}")
+                     f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}  {failures}".rstrip())
     return "\n".join(lines)
 
 
-def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], summary: dict, wall_s: float) -> Path:
+def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], modes: list[str | None], summary: dict,
+                  wall_s: float) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -110,6 +143,7 @@ def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], summary:
         "success": [r.success for r in results],
         "num_turns": pa.array([r.num_turns for r in results], pa.int32()),
         "num_format_errors": pa.array([r.num_format_errors for r in results], pa.int32()),
+        "failure_mode": pa.array(modes, pa.string()),
     })
     pq.write_table(table, out / "episodes.parquet")
     return out
@@ -151,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(policy, ModelPolicy):
             policy.engine.close()
     wall_s = time.perf_counter() - start
-    summary = summarize(results)
-    out = write_outputs(config, results, summary, wall_s)
+    modes = failure_modes(make_env(config.env), results)
+    summary = summarize(results, modes)
+    out = write_outputs(config, results, modes, summary, wall_s)
     print(format_table(summary))
+    if "tool_calls" in summary["overall"]:
+        print("tool calls: " + " ".join(f"{name}:{n}" for name, n in summary["overall"]["tool_calls"].items()))
     print(f"policy={config.policy} split={config.split} episodes={len(results)} wall_s={wall_s:.1f} "
           f"results={out / 'results.json'}")
     return 0

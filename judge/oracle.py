@@ -8,7 +8,6 @@ For BabyAI the bot plans a shortest path, so 1 means "still on a shortest plan".
 
 from __future__ import annotations
 
-import json
 
 from buffer.contracts import Trajectory
 from envs.protocol import TextEnv, ToolCall
@@ -30,8 +29,7 @@ class OracleJudge:
         executed = trajectory.turns[turn].executed_call
         if advice is None or executed is None:
             return 0.0
-        raw = json.loads(executed)
-        return float(ToolCall(raw["name"], raw["arguments"]) == advice)
+        return float(ToolCall.from_json(executed) == advice)
 
     async def close(self) -> None:
         pass

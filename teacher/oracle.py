@@ -23,7 +23,6 @@ states it should learn to avoid.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Literal
 
@@ -144,8 +143,7 @@ def expert_calls(env: TextEnv, trajectory: Trajectory) -> list[ToolCall | None]:
         calls.append(suggestion)
         executed = None
         if turn.executed_call is not None:
-            raw = json.loads(turn.executed_call)
-            executed = ToolCall(raw["name"], raw["arguments"])
+            executed = ToolCall.from_json(turn.executed_call)
             if env.step(executed).done:
                 expert = None
     return calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
@@ -129,6 +130,13 @@ class BabyAITextEnv:
         """Nothing beyond the parser's fallback: every BabyAI tool is argument-free, so a tool named
         in the tail is already recovered there."""
         return None
+
+    def failure_mode(self, split: str, seed: int, calls: Sequence[ToolCall | None]) -> str | None:
+        """Where the episode (split, seed) that executed `calls` failed (envs.babyai_text.diagnosis;
+        resets this environment); None when it succeeds."""
+        from envs.babyai_text.diagnosis import failure_mode
+
+        return failure_mode(self, split, seed, calls)
 
     def expert(self) -> Expert:
         """The BabyAI bot, planning from the episode just reset."""

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from envs.babyai_text.diagnosis import FAILURE_MODES
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,14 @@ def test_zero_shot_model_evaluation(tmp_path):
     table = pq.read_table(out / "episodes.parquet")
     assert table.num_rows == 6 and table.column("seed").to_pylist() == list(range(6))
     assert all(1 <= t <= 2 for t in table.column("num_turns").to_pylist())
+    # Each failure replayed and named; the tool calls counted per name, "(none)" for a format error.
+    episodes = table.to_pylist()
+    assert all((e["failure_mode"] is None) == e["success"] for e in episodes)
+    assert all(e["failure_mode"] in FAILURE_MODES for e in episodes if not e["success"])
+    overall = results["summary"]["overall"]
+    assert sum(overall["failure_modes"].values()) == sum(not e["success"] for e in episodes)
+    assert sum(overall["tool_calls"].values()) == sum(e["num_turns"] for e in episodes)
+    assert overall["tool_calls"].get("(none)", 0) == sum(e["num_format_errors"] for e in episodes)
 
 
 def test_expert_evaluation_succeeds_everywhere(tmp_path):
