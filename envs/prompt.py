@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from envs.parser import FormatError
 from envs.protocol import ToolCall
@@ -38,6 +38,19 @@ class PromptConfig(BaseModel):
     models); 'compact': one line per tool (name: description) appended to the system message
     and no schemas (BabyAI-Text, tiny tokenizer: 325 instead of 619 first-prompt tokens) -- for
     tiny students, whose prompt length is their training cost."""
+    system_message: bool = True
+    """False: no system message (neither the environment's rules nor the tool list), for students
+    trained from scratch, which learn the call format from demonstrations and to which the
+    ~270 fixed tokens mean nothing yet cost most of every sample (BabyAI-Text 6x6, `tiny:mini`,
+    one turn per sample: 3.6x the SFT steps per second; docs/babyai_text.md). Needs `tools:
+    compact` (the chat template would write the schemas into a system message)."""
+
+    @model_validator(mode="after")
+    def _system_needs_compact_tools(self) -> "PromptConfig":
+        if not self.system_message and self.tools != "compact":
+            raise ValueError("system_message: false needs tools: compact (the chat template writes tool schemas "
+                             "into a system message)")
+        return self
 
     @field_validator("history_window")
     @classmethod
@@ -122,7 +135,8 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     """Chat messages for the next turn, given the task and every past turn of the episode.
 
     With `config.tools == "compact"`, `tools` are described in the system message itself;
-    `system_extra` (privileged context, envs.privileged) ends the system message.
+    `system_extra` (privileged context, envs.privileged) ends the system message, which is left
+    out when `config.system_message` is false and there is no extra.
     """
     window = len(history) if config.history_window == "all" else min(config.history_window, len(history))
     hidden = len(history) - window
@@ -133,8 +147,9 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if working_memory is not None:
         user += f"Your working memory:\n{working_memory}\n"
     user += f"\nWhat you see:\n{start_observation}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_content(config, system_prompt, tools) + system_extra},
-                                      {"role": "user", "content": user}]
+    system = (system_content(config, system_prompt, tools) if config.system_message else "") + system_extra
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user})
     for turn in history[hidden:]:
         messages.append(_assistant_message(turn))
         messages.append(_answer_message(turn))

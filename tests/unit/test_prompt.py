@@ -108,6 +108,25 @@ def test_compact_tools_are_one_line_each_in_the_system_message():
     assert render_messages(compact, "sys", "go", "obs", [])[0]["content"] == "sys"
 
 
+def test_without_the_system_message_the_prompt_opens_with_the_task():
+    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    bare = PromptConfig(tools="compact", system_message=False, history_window=0)
+    msgs = render_messages(bare, env.system_prompt, reset.task, reset.observation, [], tools=env.tools)
+    assert [m["role"] for m in msgs] == ["user"] and msgs[0]["content"].startswith(f"Your task: {reset.task}")
+    ids = tok.apply_chat_template(msgs, tools=template_tools(bare, env.tools), add_generation_prompt=True,
+                                  tokenize=True, return_dict=False)
+    text = tok.decode(ids)
+    assert "<|im_start|>system" not in text and env.system_prompt not in text and "turn_left:" not in text
+    # Privileged context still reaches the model, as the only system text.
+    with_map = render_messages(bare, env.system_prompt, reset.task, reset.observation, [], tools=env.tools,
+                               system_extra="Map: ...")
+    assert with_map[0] == {"role": "system", "content": "Map: ..."}
+    with pytest.raises(ValidationError, match="needs tools: compact"):
+        PromptConfig(system_message=False)
+
+
 def test_bad_window():
     with pytest.raises(ValidationError, match="history_window"):
         PromptConfig(history_window=-1)
