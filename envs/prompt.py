@@ -41,7 +41,7 @@ class PromptConfig(BaseModel):
     system_message: bool = True
     """False: no system message (neither the environment's rules nor the tool list), for students
     trained from scratch, which learn the call format from demonstrations and to which the
-    ~270 fixed tokens mean nothing yet cost most of every sample (BabyAI-Text 6x6, `tiny:mini`,
+    ~245 fixed tokens mean nothing yet cost most of every sample (BabyAI-Text 6x6, `tiny:mini`,
     one turn per sample: 3.6x the SFT steps per second; docs/babyai_text.md). Needs `tools:
     compact` (the chat template would write the schemas into a system message)."""
 

@@ -1,0 +1,144 @@
+"""How fast a student from scratch learns to choose the bot's action, by prompt layout.
+
+Behaviour cloning alone, offline: the bot's episodes of a BabyAI-Text level rendered as the
+agent loop renders them (`actors.expert.DemonstrationPolicy`), one sample per turn, SFT on the
+response tokens for a fixed wall-clock budget per arm; the measure is the accuracy of the
+tool-name token (the one token of a response the format does not fix) on the turns of unseen
+bot episodes, greedy. Arms (same student, data seeds, batch and budget):
+
+- `system_view`: the system message (rules and compact tool list) and the current view;
+- `view`: the current view only, no system message (`prompt.system_message: false`);
+- `history`: no system message, the whole episode's history.
+
+    python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
+
+Ends with `RESULT held_acc_<arm>=... steps_<arm>=... majority=...` (majority: the most frequent
+bot action's share of the held-out turns, what a student ignoring the view can reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections import Counter
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.agent_loop import EpisodeTask, LoopConfig, run_episodes
+from actors.expert import DemonstrationPolicy
+from envs.babyai_text import BabyAITextConfig
+from envs.parser import format_tool_call
+from envs.protocol import ToolCall
+from envs.registry import make_env
+from models.loading import ModelConfig, load_tokenizer
+from models.tiny import tiny_model_dir
+
+ARMS = {
+    "system_view": {"history_window": 0, "tools": "compact"},
+    "view": {"history_window": 0, "tools": "compact", "system_message": False},
+    "history": {"history_window": "all", "tools": "compact", "system_message": False},
+}
+Sample = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def bot_turns(tokenizer, loop: LoopConfig, env: BabyAITextConfig, first_seed: int, num_episodes: int) -> list[Sample]:
+    tasks = [EpisodeTask("train", first_seed + i) for i in range(num_episodes)]
+    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, loop), loop, batch_size=32)
+    return [(t.prompt_ids, t.response_ids) for r in results if r.success for t in r.trajectory.turns]
+
+
+def name_position(tokenizer) -> int:
+    """Index of the tool-name token in a canonical response (where two calls first differ)."""
+    a, b = (tokenizer.encode(format_tool_call(ToolCall(name)), add_special_tokens=False)
+            for name in ("turn_left", "go_forward"))
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+
+def padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input ids, attention mask and labels (-100 off the response), each [N, longest]."""
+    longest = max(len(p) + len(r) for p, r in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    mask = torch.zeros_like(ids)
+    for i, (prompt, response) in enumerate(samples):
+        n = len(prompt) + len(response)
+        ids[i, :n] = torch.tensor(prompt + response)
+        mask[i, :n] = 1
+        labels[i, len(prompt):n] = torch.tensor(response)
+    return ids, mask, labels
+
+
+@torch.no_grad()
+def accuracy(model, samples: list[Sample], position: int) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(samples), 32):
+        chunk = samples[i:i + 32]
+        ids, mask, _ = padded(chunk)
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        correct += sum(int(logits[j, len(p) + position - 1].argmax()) == r[position] for j, (p, r) in enumerate(chunk))
+    model.train()
+    return correct / len(samples)
+
+
+def probe(args, arm: str) -> tuple[float, int]:
+    tokenizer = load_tokenizer(ModelConfig(path=f"tiny:{args.preset}"))
+    loop = LoopConfig(max_turns=20, prompt=ARMS[arm])
+    env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors, task_types=("go_to", "pick_up"))
+    train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes)
+    held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
+    position = name_position(tokenizer)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(args.preset))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    rng, order, steps, start = random.Random(0), [], 0, time.monotonic()
+    while time.monotonic() - start < args.seconds:
+        if not order:
+            order = list(range(len(train)))
+            rng.shuffle(order)
+        batch, order = order[:args.batch], order[args.batch:]
+        ids, mask, labels = padded([train[i] for i in batch])
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    acc = accuracy(model, held, position)
+    tokens = sum(len(p) + len(r) for p, r in train) / len(train)
+    print(f"{arm:<12} {tokens:>7.0f} tokens/turn {steps:>6} steps  held-out accuracy {acc:.3f}", flush=True)
+    return acc, steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=240.0, help="SFT wall clock per arm")
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--room-size", type=int, default=6)
+    parser.add_argument("--distractors", type=int, default=2)
+    parser.add_argument("--train-episodes", type=int, default=2048)
+    parser.add_argument("--held-episodes", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="turns per step")
+    parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {arm: probe(args, arm) for arm in ARMS}
+    tokenizer = load_tokenizer(ModelConfig(path=f"tiny:{args.preset}"))
+    held = bot_turns(tokenizer, LoopConfig(prompt=ARMS["view"]), BabyAITextConfig(
+        room_size=args.room_size, num_distractors=args.distractors, task_types=("go_to", "pick_up")),
+        600_000_000, args.held_episodes)
+    position = name_position(tokenizer)
+    majority = max(Counter(r[position] for _, r in held).values()) / len(held)
+    print("RESULT " + " ".join(f"held_acc_{arm}={acc:.3f} steps_{arm}={steps}" for arm, (acc, steps) in results.items())
+          + f" majority={majority:.3f}")
+
+
+if __name__ == "__main__":
+    main()
