@@ -67,8 +67,10 @@ class AlgorithmConfig(BaseModel):
     """IcePop: a token whose ratio pi_theta/mu lies outside [low, high] is left out of the loss
     (e.g. [0.5, 2.0]); None: off."""
     aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
-    opd_scale: float = Field(default=1.0, gt=0)
-    """Scale of the OPD token advantage (teacher - behaviour log-prob)."""
+    opd_scale: float = Field(default=1.0, ge=0)
+    """Scale of the OPD token advantage (teacher - behaviour log-prob). 0 with `topk_kl_coef` > 0
+    trains the forward KL to the teacher's top-k alone: with the oracle teacher, DAgger (SFT
+    toward the bot's action at every state the student reached)."""
     topk_kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the forward KL to the teacher's top-k at each response token, added to the loss
     (needs teacher.top_k > 0); 0: off."""
@@ -106,6 +108,13 @@ class AlgorithmConfig(BaseModel):
         """The section for a preset's miniature (jobs/miniature.py), whose tiny teacher (a model
         one when `model_teacher`) stands in for the preset's: unchanged unless the algorithm
         needs a fact about that teacher."""
+        return self
+
+    @model_validator(mode="after")
+    def _some_opd_term(self) -> "AlgorithmConfig":
+        if self.opd_scale == 0 and not self.topk_kl_coef:
+            raise ValueError("opd_scale: 0 leaves no teacher term: set topk_kl_coef > 0 (forward KL to the "
+                             "teacher's top-k) or opd_scale > 0")
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from buffer.contracts import Trajectory, Turn
 from learner.algorithms import (ALGORITHMS, AlgorithmConfig, JointConfig, StageContext, TokenBatch, TurnLevelConfig,
@@ -131,6 +132,16 @@ def test_opd_advantage_is_teacher_minus_behaviour_and_logs_reverse_kl():
     assert logp.grad[0].tolist() == pytest.approx([-0.8, 2.0])  # teacher-preferred token goes up
     with pytest.raises(ValueError, match="teacher log-probs"):
         ALGORITHMS["opd"].loss(logp, batch([[-1.0, -1.0]]), cfg)
+
+
+def test_opd_scale_zero_leaves_the_top_k_forward_kl_alone():
+    cfg = AlgorithmConfig(name="opd", opd_scale=0.0, topk_kl_coef=1.0)
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    out = ALGORITHMS["opd"].loss(logp, batch([[-1.0, -1.0]], teacher=[[-0.2, -3.0]]), cfg)
+    out.loss_sum.backward()
+    assert out.loss_sum.item() == 0.0 and logp.grad.abs().sum().item() == 0.0  # no sampled-token term
+    with pytest.raises(ValidationError, match="opd_scale: 0 leaves no teacher term"):
+        AlgorithmConfig(name="opd", opd_scale=0.0)
 
 
 def test_opd_advantage_clip_bounds_the_divergence_token():
