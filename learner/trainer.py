@@ -368,7 +368,9 @@ class Trainer:
                 (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = self.scheduler.get_last_lr()[0] if lr is None else lr
+        # The rate from this run's config at the schedule's position: the base rate a checkpoint's
+        # scheduler state carries would override a resume's changed learner.lr (--allow-change).
+        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if lr is None else lr
         stats = sums.reduce(self._all_sum, self._all_max)
         # Both are global (all-reduced), so every rank takes the same branch.
         skipped = None if math.isfinite(stats["loss_sum"]) and math.isfinite(float(grad_norm)) else "nonfinite"

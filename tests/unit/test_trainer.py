@@ -127,6 +127,20 @@ def test_resume_gives_the_same_next_steps(trajectories, tmp_path):
     assert resumed.scheduler.get_last_lr() == first.scheduler.get_last_lr()
 
 
+def test_a_resume_trains_at_the_changed_learning_rate(trajectories, tmp_path):
+    seqs = sequences(trajectories)
+    first = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd"), lr=1e-3), NANO)
+    first.train_step(seqs)
+    path = first.save_checkpoint(tmp_path / "ckpt")
+    slower = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="opd"), lr=1e-9, warmup_steps=4), NANO)
+    slower.load_checkpoint(path)
+    before = {name: p.detach().full_tensor().clone() for name, p in slower.model.named_parameters()}
+    assert slower.train_step(seqs)["lr"] == pytest.approx(1e-9 * 2 / 4)  # second step of a 4-step warmup
+    moved = max((p.detach().full_tensor() - before[name]).abs().max().item()
+                for name, p in slower.model.named_parameters())
+    assert 0 < moved < 1e-6
+
+
 def test_published_weights_load_into_the_engine_and_agree(trajectories, tmp_path):
     trainer = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=3e-3), NANO)
     trainer.train_step(sequences(trajectories))
