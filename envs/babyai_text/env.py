@@ -51,6 +51,10 @@ class BabyAITextConfig(EnvConfig):
     num_distractors: int = Field(default=NUM_DISTRACTORS, ge=0, le=20)
     """Objects placed besides the ones the instruction names."""
     max_generation_attempts: int = Field(default=1000, ge=1)
+    expert_deviation: Literal["undo", "replan"] = "undo"
+    """The bot's advice after a call it did not suggest (the oracle teacher's and judge's labels on
+    a student's own paths): `undo` plans to undo the call first (minigrid's bot), `replan` plans
+    afresh from the state reached (envs.babyai_text.expert, docs/babyai_text.md)."""
 
     @field_validator("task_types")
     @classmethod
@@ -142,7 +146,7 @@ class BabyAITextEnv:
         """The BabyAI bot, planning from the episode just reset."""
         from envs.babyai_text.expert import BabyAIExpert
 
-        return BabyAIExpert(self)
+        return BabyAIExpert(self, self.config.expert_deviation)
 
     def privileged_map(self) -> str:
         """Every object and door of the episode just reset, relative to the agent's start pose

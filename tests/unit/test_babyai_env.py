@@ -206,3 +206,47 @@ def test_observation_changes_with_actions_and_carrying():
         observations.append(step.observation)
     assert step.success and observations[-1].startswith("You carry a ")
     assert len(set(observations)) > 1
+
+
+def advised_run(env, expert, rng, deviate_p, max_steps):
+    """Follow the expert, taking a random other call with probability deviate_p (never toggle:
+    an opened box ends the bot's plan); returns (success, the expert's advice at each step)."""
+    advice, last = [], None
+    for _ in range(max_steps):
+        suggestion = expert.act(last)
+        advice.append(None if suggestion is None else suggestion.name)
+        if suggestion is None:
+            return False, advice
+        last = suggestion
+        if rng.random() < deviate_p:
+            last = ToolCall(rng.choice(["turn_left", "turn_right", "go_forward", "pick_up", "drop"]))
+        step = env.step(last)
+        if step.done:
+            return step.success, advice
+    return False, advice
+
+
+def test_replanning_advice_recovers_from_deviations_and_equals_the_bot_on_its_own_path():
+    import random
+
+    undo_env, replan_env = BabyAITextEnv(), BabyAITextEnv(BabyAITextConfig(expert_deviation="replan"))
+    differed = 0
+    for task_type in TASK_TYPES:
+        seeds, solved = seeds_of_type(task_type, 6), Counter()
+        for seed in seeds:
+            advice = []
+            for env in (undo_env, replan_env):
+                env.reset(seed, "train")
+                ok, calls = advised_run(env, env.expert(), random.Random(seed), 0.0, MAX_STEPS[task_type])
+                assert ok, (task_type, seed)
+                advice.append(calls)
+            assert advice[0] == advice[1]  # no deviation, no new plan
+            for env in (undo_env, replan_env):
+                env.reset(seed, "train")
+                ok, calls = advised_run(env, env.expert(), random.Random(seed), 0.3, 3 * MAX_STEPS[task_type])
+                advice.append(calls)
+                solved[env.config.expert_deviation] += ok
+            differed += advice[2] != advice[3]
+        # Advised through a third of its steps going elsewhere, the replanning bot still gets there.
+        assert solved["replan"] >= len(seeds) - 1, (task_type, solved)
+    assert differed >= 3
