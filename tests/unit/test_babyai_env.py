@@ -1,5 +1,6 @@
 """BabyAI-Text MixedTrainLocal: task identity, splits, rejection rules, verifiers, the bot."""
 
+import random
 from collections import Counter
 
 import pytest
@@ -227,8 +228,6 @@ def advised_run(env, expert, rng, deviate_p, max_steps):
 
 
 def test_replanning_advice_recovers_from_deviations_and_equals_the_bot_on_its_own_path():
-    import random
-
     undo_env, replan_env = BabyAITextEnv(), BabyAITextEnv(BabyAITextConfig(expert_deviation="replan"))
     differed = 0
     for task_type in TASK_TYPES:
