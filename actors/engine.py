@@ -8,7 +8,7 @@ and top-p), so the learner's importance ratios use the true behaviour policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,3 +57,25 @@ class InferenceEngine(Protocol):
     def close(self) -> None:
         """Release the engine's processes and caches; it is not used again."""
         ...
+
+
+Request = tuple[Any, list[int], SamplingConfig]
+"""(the caller's key, prompt token ids, sampling) of one generation."""
+
+
+def stream_generations(engine: InferenceEngine, admit: Callable[[], list[Request]]
+                       ) -> Iterator[tuple[Any, Generation]]:
+    """(key, generation) of every request `admit()` gives, until it gives none and none is in
+    flight. An engine with continuous batching (a `stream` method, as `VLLMEngine`'s) adds each
+    request to the running batch; any other engine answers them in rounds of `generate`, asking
+    `admit()` again after each round."""
+    stream = getattr(engine, "stream", None)
+    if stream is not None:
+        yield from stream(admit)
+        return
+    while requests := admit():
+        rounds: dict[SamplingConfig, list[Request]] = {}
+        for request in requests:
+            rounds.setdefault(request[2], []).append(request)
+        for sampling, batch in rounds.items():
+            yield from zip([key for key, _, _ in batch], engine.generate([p for _, p, _ in batch], sampling))

@@ -5,9 +5,10 @@ of the built-in loop (`actors.agent_loop.EpisodeRunner`), so the worker's groups
 segments, teacher scoring and every algorithm run unchanged. Each episode is a session: the
 user's program, started by the runner, calls the endpoint and ends the session with a reward.
 
-    program --POST .../chat/completions--> HTTP thread --queue--> step(): one batched generate
-       ^                                     (waits)                 | records a Turn per call
-       +---------- chat.completion (tool_calls) <-------------------+
+    program --POST .../chat/completions--> HTTP thread --queue--> step(): the calls that are in
+       ^                                     (waits)                 generate together; calls that
+       |                                                             come meanwhile join the batch;
+       +---------- chat.completion (tool_calls) <------------------- a Turn recorded per call
     program --POST /v1/sessions/{id}/reward--> step() ends the session: EpisodeResult -> the group
 
 Token in, token out: a call whose messages continue an earlier call of its session (that call's
@@ -43,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from actors.agent_loop import AGENT_FAILED, EpisodeResult, EpisodeState, EpisodeTask, LoopConfig, finish_episode, template_tail
+from actors.engine import stream_generations
 from buffer.contracts import Turn, are_logprobs
 from envs.gateway import GatewayConfig, GatewayEnv
 from envs.parser import ToolCallParser
@@ -244,8 +246,9 @@ class GatewayRunner:
             self._launch(state)
 
     def step(self, policy) -> list[tuple[Any, EpisodeResult]]:
-        """One round: answer every call that is in (one batched generation), then end the sessions
-        that are over; returns (tag, result) of those."""
+        """One round: answer every call that is in, and the other running sessions' calls as they
+        arrive while the engine generates (one call per session per round, so a round ends), then
+        end the sessions that are over; returns (tag, result) of those."""
         calls = self._take_calls()
         if calls:
             self._answer(calls, policy)
@@ -409,25 +412,42 @@ class GatewayRunner:
         return calls
 
     def _answer(self, calls: list[tuple[_Open, _Call]], policy) -> None:
+        """Generate for `calls`; a call of another session arriving meanwhile joins the running
+        generation (continuous batching where the engine has it: `actors.engine.stream_generations`)."""
         tokenizer, stop_id, stop_token = policy.tokenizer, policy.prompter.stop_id, policy.prompter.stop_token
-        budgets: dict[int, list] = {}
-        for state, call in calls:
-            try:
-                prompt, messages, tools = self._prompt(state, call.body, tokenizer, stop_id, stop_token)
-                budget = self._budget(state, call.body, len(prompt), policy.sampling.max_new_tokens)
-            except GatewayError as e:
-                call.reply(*_error(e.status, str(e)))
-                continue
-            budgets.setdefault(budget, []).append((state, call, prompt, messages, tools))
         version = policy.engine.version
+        answered = {id(state) for state, _ in calls}
+        first: list[tuple[_Open, _Call]] | None = calls
+
+        def admit() -> list:
+            nonlocal first
+            new, first = (first if first is not None else self._late_calls(answered)), None
+            requests = []
+            for state, call in new:
+                try:
+                    prompt, messages, tools = self._prompt(state, call.body, tokenizer, stop_id, stop_token)
+                    budget = self._budget(state, call.body, len(prompt), policy.sampling.max_new_tokens)
+                except GatewayError as e:
+                    call.reply(*_error(e.status, str(e)))
+                    continue
+                sampling = policy.sampling.model_copy(update={"max_new_tokens": budget})
+                requests.append(((state, call, prompt, messages, tools), prompt, sampling))
+            return requests
+
         start = time.monotonic()
-        for max_new, items in budgets.items():
-            sampling = policy.sampling.model_copy(update={"max_new_tokens": max_new})
-            generations = policy.engine.generate([prompt for _, _, prompt, _, _ in items], sampling)
-            for (state, call, prompt, messages, tools), g in zip(items, generations):
-                reply, finish = self._record(state, prompt, messages, tools, g, version, tokenizer, stop_id)
-                call.reply(200, _completion(call.body, reply, finish, len(prompt), len(g.token_ids)))
+        for (state, call, prompt, messages, tools), g in stream_generations(policy.engine, admit):
+            reply, finish = self._record(state, prompt, messages, tools, g, version, tokenizer, stop_id)
+            call.reply(200, _completion(call.body, reply, finish, len(prompt), len(g.token_ids)))
         self._last_generate_s = time.monotonic() - start
+
+    def _late_calls(self, answered: set[int]) -> list[tuple[_Open, _Call]]:
+        """The calls now in from sessions not yet answered this round (added to `answered`)."""
+        with self._cond:
+            late = [(s, c) for s in self._open.values() if id(s) not in answered for c in s.queued]
+            for state, _ in late:
+                answered.add(id(state))
+                state.queued.clear()
+        return late
 
     def _budget(self, state: _Open, body: dict, prompt_len: int, max_new_tokens: int) -> int:
         """The response's token budget; a call past the turn limit or the context ends its session."""

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -169,17 +170,50 @@ class VLLMEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
+        params = self._params([len(p) for p in prompts], sampling)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        return [self._generation(out) for out in outputs]
+
+    def stream(self, admit: Callable[[], list[tuple[Any, list[int], SamplingConfig]]]
+               ) -> Iterator[tuple[Any, Generation]]:
+        """Continuous batching: before every engine step `admit()` gives the requests (key,
+        prompt ids, sampling) to add to those in flight, so a request arriving mid-generation
+        joins the running batch instead of waiting for it to end; yields (key, generation) as
+        each request finishes. Ends when none is in flight and `admit()` gives none. Seeds are
+        drawn per request as a one-prompt `generate` draws them."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        keys: dict[str, Any] = {}
+        while True:
+            for key, prompt, sampling in admit():
+                params = self._params([len(prompt)], sampling)[0]
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                request_id = str(next(self.llm.request_counter))  # the counter LLM.generate numbers by
+                engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+                keys[request_id] = key
+            if not keys:
+                return
+            for out in engine.step():
+                if out.finished:
+                    yield keys.pop(out.request_id), self._generation(out)
+
+    def _params(self, prompt_lengths: list[int], sampling: SamplingConfig) -> list:
+        """One call's per-request sampling parameters."""
+        from vllm import SamplingParams
+
+        if any(n == 0 for n in prompt_lengths):
             raise ValueError("every prompt needs at least one token")
         self._calls += 1
         greedy = sampling.temperature == 0.0
         params = []
-        for i in range(len(prompts)):
+        for i in range(len(prompt_lengths)):
             # Distinct seeds per prompt (a GRPO group repeats one prompt G times), per call and per engine.
             seed = None if sampling.seed is None else \
                 (sampling.seed * 1_000_003 + self.seed_offset) * 1_000_033 + self._calls * 10_007 + i
@@ -187,16 +221,14 @@ class VLLMEngine:
                                          top_p=1.0 if greedy else sampling.top_p,
                                          max_tokens=sampling.max_new_tokens, logprobs=0,
                                          stop_token_ids=self.stop_token_ids, seed=seed))
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
-        results = []
-        for out in outputs:
-            o = out.outputs[0]
-            ids = tuple(o.token_ids)
-            logprobs = tuple(float(step[t].logprob) for step, t in zip(o.logprobs, ids))
-            results.append(Generation(token_ids=ids, logprobs=logprobs,
-                                      finish_reason="stop" if ids and ids[-1] in self.stop_token_ids else "length"))
-        return results
+        return params
+
+    def _generation(self, out) -> Generation:
+        o = out.outputs[0]
+        ids = tuple(o.token_ids)
+        logprobs = tuple(float(step[t].logprob) for step, t in zip(o.logprobs, ids))
+        return Generation(token_ids=ids, logprobs=logprobs,
+                          finish_reason="stop" if ids and ids[-1] in self.stop_token_ids else "length")
 
     def prompt_logprobs(self, sequences: list[list[int]], top_k: int = 0
                         ) -> list[tuple[list[int], list[dict[int, tuple[int, float]] | None]]]:

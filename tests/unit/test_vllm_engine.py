@@ -100,3 +100,20 @@ def test_seeded_batch_larger_than_one_step_does_not_kill_the_engine(engine, tok)
     for round_seed in range(2):
         gens = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=round_seed))
         assert len(gens) == 12 and all(1 <= len(g.token_ids) <= 8 for g in gens)
+
+
+def test_a_request_admitted_mid_generation_joins_the_running_batch(engine, tok):
+    """`stream` (the gateway's continuous batching): a request added while others decode is
+    answered before them when it is shorter, and every answer equals `generate`'s."""
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ("You see a wall", "go to the red ball", "pick up")]
+    long, short = SamplingConfig(temperature=0.0, max_new_tokens=24), SamplingConfig(temperature=0.0, max_new_tokens=2)
+    expected = engine.generate(prompts[:2], long) + engine.generate(prompts[2:], short)
+    assert min(len(g.token_ids) for g in expected[:2]) > 4  # the first two still decode when the third comes
+    waves = [[("a", prompts[0], long), ("b", prompts[1], long)], [], [("c", prompts[2], short)]]
+    got = list(engine.stream(lambda: waves.pop(0) if waves else []))
+    assert [key for key, _ in got][0] == "c"
+    assert sorted(key for key, _ in got) == ["a", "b", "c"] and not waves
+    for (key, g) in got:
+        want = expected["abc".index(key)]
+        assert g.token_ids == want.token_ids and g.finish_reason == want.finish_reason
+        assert max(abs(x - y) for x, y in zip(g.logprobs, want.logprobs)) < 1e-4
