@@ -557,8 +557,6 @@ class GatewayRunner:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise GatewayError(400, "messages must be a non-empty list of message objects")
-        if body.get("stream"):
-            raise GatewayError(400, "stream=true is not supported by this gateway")
         if body.get("n", 1) != 1:
             raise GatewayError(400, "n must be 1")
         call = _Call(body)
@@ -611,7 +609,22 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as e:
             self._send(*_error(400, f"the body is not JSON: {e}"))
             return
-        self._send(*self.server.gateway.handle(self.path, self.headers, body))
+        status, answer = self.server.gateway.handle(self.path, self.headers, body)
+        if status == 200 and answer.get("object") == "chat.completion" and body.get("stream"):
+            self._send_events(_chunks(answer, body))
+        else:
+            self._send(status, answer)
+
+    def _send_events(self, events: list[dict[str, Any]]) -> None:
+        """A streamed answer as server-sent events (`data: <chunk>` each, then `data: [DONE]`),
+        sent whole: the engine's tokens are not streamed, a streaming client reads the same
+        message in chunks."""
+        data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/v1/models"):
@@ -631,6 +644,28 @@ def _completion(body: dict, reply: dict, finish: str, num_prompt: int, num_respo
             "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
             "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_response,
                       "total_tokens": num_prompt + num_response}}
+
+
+def _chunks(completion: dict[str, Any], body: dict) -> list[dict[str, Any]]:
+    """A chat.completion as the chat.completion.chunk events of OpenAI's stream layout: the
+    message (role, text, reasoning, format error), its tool calls, the finish reason, then the
+    usage when `stream_options.include_usage` asks for it."""
+    choice = completion["choices"][0]
+    message = dict(choice["message"])
+    calls = message.pop("tool_calls", None)
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"]}
+
+    def chunk(delta: dict, finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    events = [chunk(message)]
+    if calls:
+        events.append(chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}))
+    events.append(chunk({}, choice["finish_reason"]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**head, "choices": [], "usage": completion["usage"]})
+    return events
 
 
 def _text(content: Any) -> str:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -181,8 +182,8 @@ def test_calls_without_the_key_are_refused_and_bad_requests_named(tok):
         assert post(chat, body, key="wrong")[0] == 401
         assert post(f"{runner.url}/v1/chat/completions", body, key="secret")[0] == 400  # no session named
         assert post(f"{runner.url}/sessions/nope/v1/chat/completions", body, key="secret")[0] == 404
-        status, answer = post(chat, {**body, "stream": True}, key="secret")
-        assert status == 400 and "stream" in answer["error"]["message"]
+        status, answer = post(chat, {**body, "n": 2}, key="secret")
+        assert status == 400 and "n must be 1" in answer["error"]["message"]
         reward = f"{runner.url}/v1/sessions/{session_id}/reward"
         assert post(reward, {"success": "yes"}, key="secret")[0] == 400
         assert post(reward, {"success": False, "score": 2}, key="secret")[0] == 400
@@ -237,3 +238,50 @@ def test_a_persistent_program_serves_its_slots_sessions_and_is_restarted_after_a
     assert [r.success for r in results] == [True, False, True]
     assert [r.truncated for r in results] == [None, AGENT_FAILED, None]
     assert starts.read_text().count("start") == 2
+
+
+def test_a_streamed_call_is_answered_as_the_same_message_in_chunks(tok):
+    """`stream: true` (the `openai` client's streaming): the chunks add up to the message,
+    finish reason and usage an unstreamed call with the same messages gets, and both sessions
+    record the same turns."""
+    policy = ModelPolicy(PromptHashEngine(tok), tok, SamplingConfig(max_new_tokens=24), LOOP)
+    runner = GatewayRunner(lambda: make_env(gateway_env(command="sleep 30")), 2, LOOP)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            runner.step(policy)
+
+    server = threading.Thread(target=serve, daemon=True)
+    try:
+        runner.start_many([(EpisodeTask("train", 0, "g", i), i) for i in range(2)])
+        plain_id, streamed_id = runner._open
+        server.start()
+        client = openai.OpenAI(base_url=f"{runner.url}/v1", api_key=runner.api_key)
+        seen = set()
+        for text in ("go to the red ball", "pick up the key", "where is the box?", "a", "go forward"):  # all five ANSWERS
+            messages = [{"role": "user", "content": text}]
+            plain = client.chat.completions.create(model="m", messages=messages,
+                                                   extra_headers={"X-Session-Id": plain_id})
+            chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True,
+                                                         stream_options={"include_usage": True},
+                                                         extra_headers={"X-Session-Id": streamed_id}))
+            deltas = [c.choices[0].delta for c in chunks if c.choices]
+            message = plain.choices[0].message
+            assert "".join(d.content or "" for d in deltas) == message.content
+            calls = [call for d in deltas for call in d.tool_calls or []]
+            assert [(c.function.name, c.function.arguments) for c in calls] == \
+                [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+            assert all(c.id and c.type == "function" for c in calls)  # ids name the session's turn
+            extras = {k: v for d in deltas for k, v in (d.model_extra or {}).items()}
+            assert extras == (message.model_extra or {})
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == plain.choices[0].finish_reason
+            assert chunks[-1].usage == plain.usage
+            seen.add("format_error" if "format_error" in extras else "call" if calls else "text")
+        assert {"format_error", "call"} <= seen, "the answers must include a tool call and a malformed one"
+        plain_turns, streamed_turns = (runner._open[i].ep.turns for i in (plain_id, streamed_id))
+        assert len(plain_turns) == 5 and [t.response_ids for t in plain_turns] == [t.response_ids for t in streamed_turns]
+    finally:
+        stop.set()
+        server.join(timeout=10)
+        runner.close()
