@@ -191,18 +191,22 @@ class VLLMEngine:
 
         engine = self.llm.llm_engine
         keys: dict[str, Any] = {}
-        while True:
-            for key, prompt, sampling in admit():
-                params = self._params([len(prompt)], sampling)[0]
-                params.output_kind = RequestOutputKind.FINAL_ONLY
-                request_id = str(next(self.llm.request_counter))  # the counter LLM.generate numbers by
-                engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
-                keys[request_id] = key
-            if not keys:
-                return
-            for out in engine.step():
-                if out.finished:
-                    yield keys.pop(out.request_id), self._generation(out)
+        try:
+            while True:
+                for key, prompt, sampling in admit():
+                    params = self._params([len(prompt)], sampling)[0]
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
+                    request_id = str(next(self.llm.request_counter))  # the counter LLM.generate numbers by
+                    engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+                    keys[request_id] = key
+                if not keys:
+                    return
+                for out in engine.step():
+                    if out.finished:
+                        yield keys.pop(out.request_id), self._generation(out)
+        finally:
+            if keys:  # left by an error or a caller that stopped reading: the next generate would collect them
+                engine.abort_request(list(keys))
 
     def _params(self, prompt_lengths: list[int], sampling: SamplingConfig) -> list:
         """One call's per-request sampling parameters."""

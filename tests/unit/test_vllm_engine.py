@@ -117,3 +117,11 @@ def test_a_request_admitted_mid_generation_joins_the_running_batch(engine, tok):
         want = expected["abc".index(key)]
         assert g.token_ids == want.token_ids and g.finish_reason == want.finish_reason
         assert max(abs(x - y) for x, y in zip(g.logprobs, want.logprobs)) < 1e-4
+    # A caller that stops reading leaves nothing in flight for the next call to collect.
+    waves = [[("short", prompts[2], short), ("long", prompts[1], long)]]
+    stream = engine.stream(lambda: waves.pop(0) if waves else [])
+    assert next(stream)[0] == "short"
+    stream.close()  # "long" is still decoding
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    [after] = engine.generate(prompts[2:], short)
+    assert after.token_ids == expected[2].token_ids
