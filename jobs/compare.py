@@ -3,6 +3,11 @@
     python -m jobs.compare --config jobs/configs/babyai_opd_tiny.yaml \
         --arm opd= --arm "grpo=learner.algorithm={name: grpo} teacher=null rollout.group_size=8" \
         --baseline grpo --seeds 5 --steps 20 --eval-tasks 200 [--out runs/compare] [--warm KEY=VALUE ...]
+        [--set KEY=VALUE ...]
+
+`--set` overrides apply to the warm start and every arm (the level, say); `--warm` ones to the
+warm start only. Arms may change the algorithm, the prompt, the rollout, anything but the
+environment: every run is evaluated on the same tasks, with its own job's prompt and loop.
 
 1. One warm start (the config's `warm_start`, `--warm` overrides to stop it early), exported as a
    HF directory: every run starts from the same weights, whose own success is measured on the
@@ -10,7 +15,7 @@
 2. Arms x seeds runs of `jobs.train` from it: `--steps N` learner steps each (equal steps) or
    `--wall-s S` seconds each (equal wall clock); seed s sets the rollout's sampling seed and the
    learner's seed (the task stream is the same for every run). Each run, and then its greedy
-   evaluation on the first `--eval-tasks` tasks of the config's eval split (the same fixed tasks
+   evaluation on the first `--eval-tasks` tasks of the eval split (the same fixed tasks
    for every run), is one Ray task reserving the run's CPUs and GPUs: on a cluster, runs go in
    parallel where their resources fit; on 2 cores they queue. A run starts its own embedded Ray
    node on the machine its task holds.
@@ -266,14 +271,18 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     budget.add_argument("--steps", type=int, help="learner steps per run (equal steps)")
     budget.add_argument("--wall-s", type=float, help="seconds per run (equal wall clock)")
     parser.add_argument("--eval-tasks", type=int, default=200)
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for the warm start and every arm "
+                                                                   "(e.g. the level: env.num_distractors=1)")
     parser.add_argument("--warm", action="append", default=[], help="KEY=VALUE for the shared warm start only")
     parser.add_argument("--out", default="runs/compare")
     parser.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else this machine)")
     return parser.parse_args(argv)
 
 
-def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, object]:
-    """The arms, the baseline and the base job config, every arm's config validated before any run."""
+def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, dict[str, object], object]:
+    """The arms, the baseline, each arm's job config and the warm start's, every one validated
+    before any run. Each run is evaluated with its own job's prompt and loop, so the arms and the
+    warm start must share one environment (the same tasks); one that changes it is refused."""
     from jobs.config import ConfigError, load_config
     from jobs.train import JobConfig
 
@@ -285,18 +294,29 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, object]
         raise ValueError(f"--baseline {baseline!r} is not an arm ({list(arms)})")
     if args.seeds < 2 or args.eval_tasks < 1:
         raise ValueError("--seeds must be >= 2 (a CI needs two runs) and --eval-tasks >= 1")
-    for name, overrides in arms.items():
+    jobs = {}
+    for name, overrides in {**arms, "--warm": args.warm}.items():
         try:
-            load_config(JobConfig, args.config, overrides)
+            jobs[name] = load_config(JobConfig, args.config, [*args.set, *overrides])
         except ConfigError as exc:
-            raise ValueError(f"arm {name}: {exc}") from None
-    return arms, baseline, load_config(JobConfig, args.config)
+            raise ValueError(f"arm {name}: {exc}" if name in arms else f"--warm: {exc}") from None
+    try:
+        env = load_config(JobConfig, args.config, args.set).env
+    except ConfigError as exc:
+        raise ValueError(f"--set: {exc}") from None
+    for name, job in jobs.items():
+        if job.env != env:
+            fields = {k: v for k, v in job.env.model_dump().items() if env.model_dump().get(k) != v}
+            raise ValueError(f"{'arm ' + name if name in arms else name} changes the environment ({fields}): "
+                             f"every run is evaluated on the same tasks, so the level belongs in --config or --set")
+    warm = jobs.pop("--warm")
+    return arms, baseline, jobs, warm
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     try:
-        arms, baseline, job = _check(args)
+        arms, baseline, jobs, warm_job = _check(args)
     except ValueError as exc:
         print(f"jobs.compare: {exc}", file=sys.stderr)
         return 2
@@ -310,26 +330,27 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     warm = out / "warm"
     if not (warm / "warm_start_hf").exists():
-        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.warm,
+        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.set, *args.warm,
                         f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"], check=True)
     budget = [f"run.steps={args.steps}"] if args.steps else ["run.steps=1000000", f"run.max_wall_s={args.wall_s}"]
     common = [f"model.path={warm / 'warm_start_hf'}", "warm_start.num_episodes=0", *budget]
-    plan = job.cluster.plan.needs()
+    plan = warm_job.cluster.plan.needs()
     run_task = ray.remote(num_cpus=plan.get("CPU", 1), num_gpus=plan.get("GPU", 0), max_retries=0)(run_arm_seed)
     if address:
         ray.init(address=address)
     else:
         from cluster.local import init_local_ray
 
-        init_local_ray(num_cpus=job.cluster.num_cpus)
-    evaluation = evaluation_config(job, args.eval_tasks)
+        init_local_ray(num_cpus=warm_job.cluster.num_cpus)
     evaluate_task = ray.remote(num_cpus=1, max_retries=0)(evaluate_model)
     try:
         # Where every run starts from, on the same tasks.
-        warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), evaluation, warm / "eval_compare")
-        pending = {(arm, seed): run_task.remote(args.config, [*common, *overrides, f"rollout.sampling.seed={seed}",
+        warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), evaluation_config(warm_job, args.eval_tasks),
+                                          warm / "eval_compare")
+        pending = {(arm, seed): run_task.remote(args.config, [*common, *args.set, *overrides, f"rollout.sampling.seed={seed}",
                                                               f"learner.seed={seed}"],
-                                                str(out / arm / f"seed_{seed}"), evaluation)
+                                                str(out / arm / f"seed_{seed}"),
+                                                evaluation_config(jobs[arm], args.eval_tasks))
                    for seed in range(args.seeds) for arm, overrides in arms.items()}
         results = {key: ray.get(ref) for key, ref in pending.items()}
         warm_success = sum(t["success"] for t in ray.get(warm_tasks)) / args.eval_tasks

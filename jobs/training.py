@@ -311,7 +311,7 @@ class TrainingRun:
         resumed run goes on with the main loop.
         """
         from jobs.console import progress_bar
-        from jobs.warm_start import demonstrations, epoch_batches, num_steps
+        from jobs.warm_start import demonstrations, epoch_batches, num_steps, step_lr
         from learner.algorithms import AlgorithmConfig
         from models.loading import load_tokenizer
 
@@ -328,10 +328,11 @@ class TrainingRun:
         rows = []
         # One bar, not a line per step (hundreds on the default); warm_start.parquet keeps each step.
         bar = progress_bar(total, "warm start: SFT", "step")
-        for episodes in epoch_batches(demos, ws):
+        base_lr = ws.lr or self.config.learner.lr
+        for step, episodes in enumerate(epoch_batches(demos, ws)):
             if should_stop():
                 break
-            row = self._sft_step(episodes, sft, ws.lr)
+            row = self._sft_step(episodes, sft, step_lr(step, total, base_lr, ws))
             if row is not None:
                 rows.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)

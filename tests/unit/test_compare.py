@@ -55,6 +55,16 @@ def test_arms_are_checked_before_any_run(capsys, tmp_path):
     assert code == 2 and "arm bad: invalid config" in err and "unknown key 'rollout.num_env'" in err
     assert not any(tmp_path.iterdir())  # nothing ran
     assert main(["--arm", "opd=", "--steps", "2", "--out", str(tmp_path)]) == 2
+    # Each run is evaluated with its own job: a level changed by an arm or the warm start would
+    # compare success on different tasks.
+    assert main(["--arm", "opd=", "--arm", "hard=env.num_distractors=1", "--steps", "2", "--out", str(tmp_path)]) == 2
+    assert "arm hard changes the environment ({'num_distractors': 1})" in capsys.readouterr().err
+    assert main(["--arm", "a=", "--arm", "b=rollout.loop.prompt.history_window=2", "--warm", "env.num_distractors=1",
+                 "--steps", "2", "--out", str(tmp_path)]) == 2
+    assert "--warm changes the environment" in capsys.readouterr().err
+    assert main(["--arm", "a=", "--arm", "b=", "--set", "env.num_distractor=1", "--steps", "2", "--out", str(tmp_path)]) == 2
+    assert "--set: invalid config" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_outputs_keep_every_run_and_task(tmp_path, capsys):

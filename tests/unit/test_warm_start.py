@@ -1,11 +1,13 @@
 """Warm-start demonstrations and their SFT batches (no Ray)."""
 
+import pytest
+
 from actors.agent_loop import LoopConfig
 from actors.rollout_worker import RolloutConfig
 from buffer.expansion import expand, to_sequences
 from envs.babyai_text import BabyAITextConfig
 from envs.prompt import PromptConfig
-from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps
+from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps, step_lr
 from models.loading import ModelConfig, load_tokenizer
 
 
@@ -29,3 +31,12 @@ def test_epoch_batches_cover_every_episode_once_per_epoch():
     for epoch in range(3):
         assert sorted(x for b in batches[3 * epoch:3 * epoch + 3] for x in b) == items
     assert batches[:3] != batches[3:6]  # reshuffled
+
+
+def test_the_warm_start_rate_decays_to_near_zero_by_its_last_step_unless_constant():
+    cosine, constant = WarmStartConfig(), WarmStartConfig(lr_schedule="constant")
+    rates = [step_lr(i, 384, 0.002, cosine) for i in range(384)]
+    assert rates[0] == 0.002 and all(a > b for a, b in zip(rates, rates[1:]))
+    assert rates[-1] < 1e-4 * 0.002  # the clone's last steps cannot throw it far from where it settled
+    assert rates[192] == pytest.approx(0.001)
+    assert {step_lr(i, 384, 0.002, constant) for i in range(384)} == {0.002}
