@@ -294,16 +294,16 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, dict[st
         raise ValueError(f"--baseline {baseline!r} is not an arm ({list(arms)})")
     if args.seeds < 2 or args.eval_tasks < 1:
         raise ValueError("--seeds must be >= 2 (a CI needs two runs) and --eval-tasks >= 1")
+    try:
+        env = load_config(JobConfig, args.config, args.set).env
+    except ConfigError as exc:
+        raise ValueError(f"--set: {exc}") from None
     jobs = {}
     for name, overrides in {**arms, "--warm": args.warm}.items():
         try:
             jobs[name] = load_config(JobConfig, args.config, [*args.set, *overrides])
         except ConfigError as exc:
             raise ValueError(f"arm {name}: {exc}" if name in arms else f"--warm: {exc}") from None
-    try:
-        env = load_config(JobConfig, args.config, args.set).env
-    except ConfigError as exc:
-        raise ValueError(f"--set: {exc}") from None
     for name, job in jobs.items():
         if job.env != env:
             fields = {k: v for k, v in job.env.model_dump().items() if env.model_dump().get(k) != v}
