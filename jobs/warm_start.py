@@ -39,7 +39,7 @@ class WarmStartConfig(BaseModel):
     episodes x 3 epochs at 0.002), single steps late in training flip the prediction of the
     `name` token after `{"` (log-prob 0 -> -10.7 with no weight moving more than 0.004), and
     when the last step is one of them every tool call the warm-started policy writes is
-    malformed (0.000 on 200 tasks; docs/babyai_text.md, "Warm start")."""
+    malformed (0.000 on 200 tasks; docs/babyai_text.md, "The warm start's rate decays")."""
     seed: int = 0
     """Shuffling seed of the epochs."""
     export: bool = False
