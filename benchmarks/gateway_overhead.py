@@ -5,10 +5,10 @@ ways: the built-in loop (`run_episodes`); the gateway with the example agent as 
 command (one Python process per slot reading sessions on stdin, as
 `jobs/configs/babyai_gateway_tiny.yaml` runs it); the same without continuous batching (calls
 answered in rounds of `generate`, what the gateway did before `VLLMEngine.stream`); as a command
-per session (a Python process started per episode); and as a callable (a thread of the worker). K episodes run at once in
-every arm. The student is untrained, so most episodes run all their turns; turns/s is reported
-beside episodes/s because sampled episodes differ in length between arms. Goal:
-gateway_over_inprocess >= 0.8 (the persistent command, the example config's way).
+per session (a Python process started per episode); and as a callable (a thread of the worker).
+K episodes run at once in every arm. The student is untrained, so most episodes run all their
+turns; turns/s is reported beside episodes/s because sampled episodes differ in length between
+arms. Goal: gateway_over_inprocess >= 0.8 (the persistent command, the example config's way).
 
     python benchmarks/gateway_overhead.py [--episodes 64] [--envs 16] [--turns 10]
 """
@@ -112,7 +112,8 @@ def main() -> None:
           f"per_session_over_inprocess={per_session[0] / base_eps:.2f} "
           f"callable_over_inprocess={callable_[0] / base_eps:.2f} "
           f"inprocess_episodes_per_s={base_eps:.2f} "
-          f"failed_sessions={persistent[2] + rounds[2] + per_session[2] + callable_[2]} episodes={args.episodes} envs={args.envs}")
+          f"failed_sessions={persistent[2] + rounds[2] + per_session[2] + callable_[2]} "
+          f"episodes={args.episodes} envs={args.envs}")
 
 
 if __name__ == "__main__":

@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     warm = out / "warm"
     if not (warm / "warm_start_hf").exists():
-        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.set, *args.warm,
+        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config,
+                        *args.set, *args.warm,
                         f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"], check=True)
     budget = [f"run.steps={args.steps}"] if args.steps else ["run.steps=1000000", f"run.max_wall_s={args.wall_s}"]
     common = [f"model.path={warm / 'warm_start_hf'}", "warm_start.num_episodes=0", *budget]
@@ -347,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         # Where every run starts from, on the same tasks.
         warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), evaluation_config(warm_job, args.eval_tasks),
                                           warm / "eval_compare")
-        pending = {(arm, seed): run_task.remote(args.config, [*common, *args.set, *overrides, f"rollout.sampling.seed={seed}",
-                                                              f"learner.seed={seed}"],
+        pending = {(arm, seed): run_task.remote(args.config, [*common, *args.set, *overrides,
+                                                              f"rollout.sampling.seed={seed}", f"learner.seed={seed}"],
                                                 str(out / arm / f"seed_{seed}"),
                                                 evaluation_config(jobs[arm], args.eval_tasks))
                    for seed in range(args.seeds) for arm, overrides in arms.items()}

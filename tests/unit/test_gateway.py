@@ -259,7 +259,8 @@ def test_a_streamed_call_is_answered_as_the_same_message_in_chunks(tok):
         server.start()
         client = openai.OpenAI(base_url=f"{runner.url}/v1", api_key=runner.api_key)
         seen = set()
-        for text in ("go to the red ball", "pick up the key", "where is the box?", "a", "go forward"):  # all five ANSWERS
+        # These five prompts draw all five ANSWERS from the engine.
+        for text in ("go to the red ball", "pick up the key", "where is the box?", "a", "go forward"):
             messages = [{"role": "user", "content": text}]
             plain = client.chat.completions.create(model="m", messages=messages,
                                                    extra_headers={"X-Session-Id": plain_id})
@@ -280,7 +281,8 @@ def test_a_streamed_call_is_answered_as_the_same_message_in_chunks(tok):
             seen.add("format_error" if "format_error" in extras else "call" if calls else "text")
         assert {"format_error", "call"} <= seen, "the answers must include a tool call and a malformed one"
         plain_turns, streamed_turns = (runner._open[i].ep.turns for i in (plain_id, streamed_id))
-        assert len(plain_turns) == 5 and [t.response_ids for t in plain_turns] == [t.response_ids for t in streamed_turns]
+        assert len(plain_turns) == 5
+        assert [t.response_ids for t in plain_turns] == [t.response_ids for t in streamed_turns]
     finally:
         stop.set()
         server.join(timeout=10)
