@@ -417,11 +417,10 @@ class GatewayRunner:
         tokenizer, stop_id, stop_token = policy.tokenizer, policy.prompter.stop_id, policy.prompter.stop_token
         version = policy.engine.version
         answered = {id(state) for state, _ in calls}
-        first: list[tuple[_Open, _Call]] | None = calls
+        first = [calls]
 
         def admit() -> list:
-            nonlocal first
-            new, first = (first if first is not None else self._late_calls(answered)), None
+            new = first.pop() if first else self._late_calls(answered)
             requests = []
             for state, call in new:
                 try:

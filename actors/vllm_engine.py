@@ -174,7 +174,7 @@ class VLLMEngine:
 
         if not prompts:
             return []
-        params = self._params([len(p) for p in prompts], sampling)
+        params = self._params(prompts, sampling)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                     use_tqdm=False)
         return [self._generation(out) for out in outputs]
@@ -194,7 +194,7 @@ class VLLMEngine:
         try:
             while True:
                 for key, prompt, sampling in admit():
-                    params = self._params([len(prompt)], sampling)[0]
+                    params = self._params([prompt], sampling)[0]
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                     request_id = str(next(self.llm.request_counter))  # the counter LLM.generate numbers by
                     engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
@@ -208,16 +208,16 @@ class VLLMEngine:
             if keys:  # left by an error or a caller that stopped reading: the next generate would collect them
                 engine.abort_request(list(keys))
 
-    def _params(self, prompt_lengths: list[int], sampling: SamplingConfig) -> list:
+    def _params(self, prompts: list[list[int]], sampling: SamplingConfig) -> list:
         """One call's per-request sampling parameters."""
         from vllm import SamplingParams
 
-        if any(n == 0 for n in prompt_lengths):
+        if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self._calls += 1
         greedy = sampling.temperature == 0.0
         params = []
-        for i in range(len(prompt_lengths)):
+        for i in range(len(prompts)):
             # Distinct seeds per prompt (a GRPO group repeats one prompt G times), per call and per engine.
             seed = None if sampling.seed is None else \
                 (sampling.seed * 1_000_003 + self.seed_offset) * 1_000_033 + self._calls * 10_007 + i
