@@ -2,6 +2,7 @@
 a few short steps): SIGKILL of actors the job started, found among the job process's
 descendants by their Ray process titles (`ray::<Class>`)."""
 
+import contextlib
 import os
 import re
 import signal
@@ -22,7 +23,11 @@ pytestmark = pytest.mark.slow
 class Job:
     """A jobs.train subprocess whose output lines are collected as they come."""
 
+    started: list["Job"] = []
+    """Every job this module's tests started (`stop_jobs_left_running` stops what a failed one left)."""
+
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        Job.started.append(self)
         self.proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *args], cwd=ROOT,
                                      env={**job_env(), **(env or {})}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
@@ -61,6 +66,30 @@ class Job:
     @property
     def output(self) -> str:
         return "".join(self.lines)
+
+    def stop(self, grace_s: float = 30) -> None:
+        """SIGTERM (the run's own orderly stop), then SIGKILL to the job and to every process it
+        started that is still there after `grace_s`."""
+        if self.proc.poll() is not None:
+            return
+        started = psutil.Process(self.proc.pid).children(recursive=True)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for child in started:
+            with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile (psutil refuses a reused pid)
+                child.kill()
+
+
+@pytest.fixture(autouse=True)
+def stop_jobs_left_running():
+    """A failed assertion leaves its job running; the tests after it would share the cores with it."""
+    yield
+    while Job.started:
+        Job.started.pop().stop()
 
 
 def short_run(run_dir, steps: int) -> list[str]:
@@ -255,13 +284,16 @@ def test_a_scienceworld_run_survives_a_killed_environment_actor_and_leaves_no_jv
     job.wait_for("step    1 ", timeout_s=400)
     assert_loopback_only(listening_addresses(job.proc.pid), port)
     jvms = java_processes(job.proc.pid)
-    assert len(jvms) >= 2, jvms  # the rollout set's JVMs (evaluations start theirs later)
+    parents = {pid: proc.ppid() for pid, proc in jvms.items()}
     # Every environment actor alive now (the rollout set): one killed between two episodes would
     # restart unnoticed (no episode to start over), so all of them, as the ALFWorld drill does.
-    assert len(job.kill_actor("_EnvActor", every=True)) >= 2
+    victims = job.kill_actor("_EnvActor", every=True)
+    # Only their JVMs: the oracle teacher replays episodes in a JVM of its own, which lives on.
+    orphans = {pid: proc for pid, proc in jvms.items() if parents[pid] in victims}
+    assert len(orphans) >= 2, (parents, victims)  # the rollout set's (evaluations start theirs later)
     deadline = time.monotonic() + 30
-    while any(alive(proc) for proc in jvms.values()):
-        assert time.monotonic() < deadline, "a JVM outlived its killed actor"
+    while any(alive(proc) for proc in orphans.values()):
+        assert time.monotonic() < deadline, f"a JVM outlived its killed actor: {orphans}"
         time.sleep(0.5)
     jvms |= java_processes(job.proc.pid)
     assert job.finish(timeout_s=400) == 0, job.output
