@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from actors.counters import GROUP_TOTALS
 from actors.rollout_worker import RolloutConfig, RolloutWorker, WorkerSpec
 from actors.routing import DEFAULT_ROUTE
 from cluster.actor_names import resolve
@@ -254,8 +255,8 @@ class RolloutPool:
         self._gather({i: self.workers[i].stop.remote() for i in self.active})
 
     def group_totals(self) -> dict[str, int]:
-        """Groups delivered and dropped without signal, summed over the answering workers' incarnations."""
-        totals = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
+        """GROUP_TOTALS summed over the answering workers' current incarnations."""
+        totals = dict.fromkeys(GROUP_TOTALS, 0)
         for answer in self._gather({i: self.workers[i].group_totals.remote() for i in self.active}).values():
             for key in totals:
                 totals[key] += answer[key]

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.agent_loop import AGENT_FAILED, EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
-from actors.counters import FORMAT_ERRORS_AT, TURNS_AT
+from actors.counters import FORMAT_ERRORS_AT, GROUP_TOTALS, TURNS_AT
 from actors.engine import SamplingConfig
 from models.weights import weights_as_tensors
 from actors.vllm_engine import VLLMConfig
@@ -224,7 +224,7 @@ class RolloutWorker:
         self._stats: dict[str, float] = defaultdict(float)
         self._env_sets: dict[str, list] = {}
         self._env_placement = spec.env_placement or (0.0, ["DEFAULT"] * config.num_env_actors)
-        self._group_totals: dict[str, int] = {"num_groups_delivered": 0, "num_groups_without_signal": 0}
+        self._group_totals: dict[str, int] = dict.fromkeys(GROUP_TOTALS, 0)
         self.metrics = ActorMetrics("rollout", self.owner)
 
     def __repr__(self) -> str:
@@ -313,8 +313,9 @@ class RolloutWorker:
         self._stop = True
 
     async def group_totals(self) -> dict[str, int]:
-        """Groups this incarnation delivered, and those of them dropped for carrying no signal
-        (the driver's hint when the learner waits for data)."""
+        """GROUP_TOTALS of this incarnation: the groups it delivered, and those of them dropped for
+        carrying no signal with their episodes' outcomes (the driver's hint when the learner waits
+        for data, and its stop when no group carries a signal any more)."""
         return dict(self._group_totals)
 
     async def stats(self) -> dict[str, float]:
@@ -531,7 +532,12 @@ class RolloutWorker:
                                                             if r.trajectory is not None])
         if not trajectories:
             self._stats["num_groups_without_signal"] += 1
-            self._group_totals["num_groups_without_signal"] += 1
+            totals = self._group_totals
+            totals["num_groups_without_signal"] += 1
+            totals["num_episodes_without_signal"] += len(results)
+            totals["num_successes_without_signal"] += sum(r.success for r in results)
+            totals["num_turns_without_signal"] += sum(r.num_turns for r in results)
+            totals["num_format_errors_without_signal"] += sum(r.num_format_errors for r in results)
         stored = await self.buffer.put_group.remote(encode_trajectories(_undelivered(trajectories, starts)), group_id)
         self._stats["num_groups_put" if stored else "num_groups_refused"] += 1
         self._group_totals["num_groups_delivered"] += 1

@@ -22,16 +22,10 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from learning_opd import evaluate  # benchmarks/ is on sys.path when run as a script
-
-
-def train(config: str, overrides: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides], check=True)
+from learning_opd import evaluate, train  # benchmarks/ is on sys.path when run as a script
 
 
 def last_format_errors(run_dir: Path, num_steps: int = 5) -> float:

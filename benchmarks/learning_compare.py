@@ -21,18 +21,12 @@ OPD > GRPO at equal compute.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from learning_opd import evaluate  # benchmarks/ is on sys.path when run as a script
-
-
-def train(config: str, overrides: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides], check=True)
+from learning_opd import evaluate, train  # benchmarks/ is on sys.path when run as a script
 
 
 def main() -> None:

@@ -40,6 +40,18 @@ def evaluate(job, model_path: str, policy: str, out: Path, num_tasks: int) -> di
     return json.loads((out / "results.json").read_text())["summary"]
 
 
+def train(config: str, overrides: list[str]) -> None:
+    """`python -m jobs.train`. A run stopped because no group carried a learning signal any more
+    (jobs.train.NO_SIGNAL_EXIT: a collapsed format, say) exported its policy as at any end: a
+    result of its arm, evaluated like the others; any other failure stops the benchmark."""
+    from jobs.train import NO_SIGNAL_EXIT
+
+    command = [sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides]
+    status = subprocess.run(command).returncode
+    if status not in (0, NO_SIGNAL_EXIT):
+        raise subprocess.CalledProcessError(status, command)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="jobs/configs/babyai_opd_tiny.yaml")
@@ -56,8 +68,7 @@ def main() -> None:
     random = evaluate(job, job.model.path, "random", run_dir / "eval_random", n)
     expert = evaluate(job, job.model.path, "expert", run_dir / "eval_expert", n)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", args.config, *args.overrides],
-                   check=True)
+    train(args.config, args.overrides)
     wall = time.perf_counter() - t0
     end = evaluate(job, str(run_dir / "hf"), "model", run_dir / "eval_end", n)
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()

@@ -11,7 +11,7 @@ own), so a plan that cannot fit fails fast with the numbers.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -150,3 +150,27 @@ def reserve(plan: ResourcePlan, timeout_s: float = 120.0):
                                 for i in range(role.count)]
             index += role.count
     return groups, strategies
+
+
+def release(groups: list, timeout_s: float = 60.0, remove: Callable[[Any], None] | None = None) -> None:
+    """Remove the placement groups `reserve` made, waiting at most `timeout_s` in all. Ray's call
+    has no deadline of its own: a job whose raylet had been killed was seen blocked in it (py-spy
+    dump of its close), though a plain reproduction (raylet killed, then the call) returned at
+    once. TimeoutError then says so instead of a job that never exits. `remove`: Ray's
+    remove_placement_group (a test's stand-in)."""
+    import threading
+
+    if remove is None:
+        from ray.util.placement_group import remove_placement_group as remove
+    done = threading.Event()
+
+    def remove_all() -> None:
+        for group in groups:
+            remove(group)
+        done.set()
+
+    threading.Thread(target=remove_all, name="release-placement-groups", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"Ray did not remove the run's {len(groups)} placement group(s) within {timeout_s:.0f} s: "
+                           f"the cluster does not answer (is this node's raylet alive? `ray status`); the job exits "
+                           f"and Ray frees a job's placement groups when it ends")

@@ -44,6 +44,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.train import NO_SIGNAL_EXIT
+
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 """The 97.5% quantile of Student's t with 1..30 degrees of freedom."""
@@ -104,17 +106,22 @@ def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: d
     out = Path(run_dir) / "eval_compare"
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    command = [sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides, f"run.dir={run_dir}",
+               "cluster.address=null", "run.metrics_port=null"]
     with open(out / "train.log", "w") as log:  # beside the run, not in the comparison's console
-        subprocess.run([sys.executable, "-m", "jobs.train", "--overwrite", "--config", config, *overrides,
-                        f"run.dir={run_dir}", "cluster.address=null", "run.metrics_port=null"], check=True,
-                       env=_clean_env(), stdout=log, stderr=subprocess.STDOUT)
+        status = subprocess.run(command, env=_clean_env(), stdout=log, stderr=subprocess.STDOUT).returncode
+    # A run that stopped because no group carried a signal any more (a collapsed format, say)
+    # is a result of its arm: its exported policy is evaluated like any other.
+    if status not in (0, NO_SIGNAL_EXIT):
+        raise subprocess.CalledProcessError(status, command)
     train_s = time.monotonic() - start
     tasks = evaluate_model(str(Path(run_dir) / "hf"), eval_config, out)
-    rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
+    metrics = Path(run_dir) / "metrics.parquet"
+    rows = pq.read_table(metrics).to_pylist() if metrics.is_file() else []
     return {"tasks": tasks,
             "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
-            "steps": len(rows), "train_s": train_s,
-            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1),
+            "steps": len(rows), "train_s": train_s, "no_signal": status == NO_SIGNAL_EXIT,
+            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1) if rows else 0.0,
             **teacher_facts(rows, has_teacher(Path(run_dir) / "config.yaml"))}
 
 
@@ -183,6 +190,7 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
         base_slopes = {seed: r["kl_slope"] for (a, seed), r in results.items()
                        if a == baseline and r.get("kl_slope") is not None}
         retired = [r.get("retired_at") for r in runs]
+        summary[arm]["no_signal"] = (sum(r.get("no_signal", False) for r in runs), len(runs))
         tokens = [r["teacher_tokens"] for r in runs if r.get("teacher_tokens") is not None]
         summary[arm].update({
             "kl_slope": mean_ci(list(slopes.values())) if slopes else None,
@@ -220,6 +228,9 @@ def report(summary: dict, baseline: str, header: str) -> str:
         lines.append("| teacher stopped by the schedule | " + " | ".join(
             f"{k}/{n} seeds" + ("" if at is None else f", at version {_pm(at)}")
             for k, n, at in (summary[a]["retired"] for a in arms)) + " |")
+    if any(summary[a]["no_signal"][0] for a in arms):
+        lines.append("| runs stopped early: no group carried a signal | " + " | ".join(
+            "{}/{} seeds".format(*summary[a]["no_signal"]) for a in arms) + " |")
     lines += ["", f"Paired difference with `{baseline}` (seed against seed), mean ± 95% CI:", ""]
     for arm in arms[1:]:
         mean, half = summary[arm]["vs_baseline"]
@@ -385,6 +396,8 @@ def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, wa
             fields += [f"{arm}_kl_slope={s['kl_slope'][0]:.4f}", f"{arm}_kl_slope_ci95={s['kl_slope'][1]:.4f}"]
         if s["retired"][0]:
             fields += [f"{arm}_retired={s['retired'][0]}/{s['retired'][1]}"]
+        if s["no_signal"][0]:
+            fields += [f"{arm}_no_signal={s['no_signal'][0]}/{s['no_signal'][1]}"]
         if s["vs_baseline"] is not None:
             fields += [f"{arm}_minus_{baseline}={s['vs_baseline'][0]:+.3f}", f"{arm}_minus_{baseline}_ci95="
                        f"{s['vs_baseline'][1]:.3f}"]

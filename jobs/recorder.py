@@ -33,6 +33,61 @@ class NonFiniteTraining(RuntimeError):
     """The learner skipped run.max_nonfinite_steps steps in a row (non-finite, or nothing to train)."""
 
 
+class NoLearningSignal(RuntimeError):
+    """run.max_groups_without_signal groups in a row were dropped for carrying no signal."""
+
+
+class SignalWatch:
+    """Groups in a row that the group-end stages dropped for carrying no signal (under GRPO: every
+    episode of the group got the same reward), read from the pool's running GROUP_TOTALS now and
+    then. Such a run does not stall (a rare group with signal still reaches the learner) but no
+    longer learns: a policy whose tool calls stopped parsing fails every episode alike, and a
+    checkpoint rebuilt by a recovery is the same policy. The watch names the cause instead."""
+
+    def __init__(self, limit: int | None) -> None:
+        """`limit`: run.max_groups_without_signal (None: never stop)."""
+        self.limit = limit
+        self._start: dict[str, int] | None = None  # the totals when the current streak began
+
+    def update(self, totals: dict[str, int]) -> str | None:
+        """`totals`: the pool's GROUP_TOTALS now. Returns the cause to stop for once the streak
+        reaches the limit, else None. A group with signal since the last read, or a restarted
+        worker (totals that went down), starts a new streak."""
+        if self.limit is None:
+            return None
+        start = self._start
+        if start is None or _with_signal(totals) != _with_signal(start) or \
+                totals["num_groups_delivered"] < start["num_groups_delivered"]:
+            self._start = dict(totals)
+            return None
+        streak = {key: totals[key] - start[key] for key in totals}
+        return _no_signal_cause(streak) if streak["num_groups_without_signal"] >= self.limit else None
+
+
+def _with_signal(totals: dict[str, int]) -> int:
+    return totals["num_groups_delivered"] - totals["num_groups_without_signal"]
+
+
+def _no_signal_cause(streak: dict[str, int]) -> str:
+    """What a streak of groups without signal says about the policy, and what to change."""
+    success = streak["num_successes_without_signal"] / max(streak["num_episodes_without_signal"], 1)
+    format_errors = streak["num_format_errors_without_signal"] / max(streak["num_turns_without_signal"], 1)
+    if success >= 0.5:
+        why = ("the policy solves these training tasks: nothing is left to learn from them (a harder level, or "
+               "run.target_eval_success to stop on reaching a success)")
+    elif format_errors >= 0.5:
+        why = ("the policy's tool calls do not parse: a format never learned (a warm start) or collapsed (resume "
+               "from an earlier checkpoint with a lower learner.lr: --allow-change learner.lr)")
+    else:
+        why = ("the policy fails every task alike: too hard for it (a warm start, an easier level, or a teacher: "
+               "OPD and joint losses keep such groups)")
+    return (f"the last {streak['num_groups_without_signal']} groups the workers finished "
+            f"({streak['num_episodes_without_signal']} episodes) carried no learning signal, every episode of a "
+            f"group the same reward (success {success:.2f}, format errors on {format_errors:.2f} of the turns): "
+            f"{why}; learner.algorithm.drop_zero_variance_groups=false trains on them anyway, "
+            f"run.max_groups_without_signal=null waits")
+
+
 class StepRecorder:
     """Builds, keeps and exports the run's step records."""
 

@@ -57,6 +57,11 @@ class ClusterConfig(BaseModel):
     plan: ResourcePlan = ResourcePlan()
 
 
+NO_SIGNAL_EXIT = 3
+"""The exit status of a run stopped by run.max_groups_without_signal (jobs.recorder.SignalWatch):
+its checkpoint and exported policy (RUN_DIR/hf) are those it ended with; jobs.compare evaluates it."""
+
+
 class RunConfig(BaseModel):
     """Length, cadence and outputs of the run."""
 
@@ -86,6 +91,12 @@ class RunConfig(BaseModel):
     or hangs, or no sample comes (run.stall_timeout_s): every actor is torn down and rebuilt from
     the newest checkpoint that verifies, as `--resume` would (like Ray Train's
     FailureConfig.max_failures). 0: the run stops and names the `--resume` command."""
+    max_groups_without_signal: int | None = Field(default=32, ge=1)
+    """Stop the run (checkpointed, policy exported, exit NO_SIGNAL_EXIT, naming the likely cause: a
+    collapsed format, tasks all solved or all failed) once this many groups in a row were dropped for carrying no signal
+    (learner.algorithm.drop_zero_variance_groups); None: wait (run.stall_timeout_s still applies).
+    A policy at success p gives 32 flat groups of G in a row with probability (p^G + (1-p)^G)^32:
+    1e-3 at p = 0.05, G = 4 (jobs.recorder.SignalWatch)."""
     stall_timeout_s: float = Field(default=1800.0, gt=0)
     """No sample at all for this long stops the run (checkpointed, exit 1, naming what the workers
     and the buffer report) instead of waiting forever."""
@@ -648,7 +659,8 @@ class StopSignals:
 def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingRun], None] | None = None,
             allow_change: tuple[str, ...] = (), overwrite: bool = False, plugins: tuple[str, ...] = ()) -> int:
     """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
-    stopped on a failure it names). `finish` runs on the trained run before its actors stop
+    stopped on a failure it names, NO_SIGNAL_EXIT: it stopped early because no group carried a
+    learning signal any more, its policy exported as at a normal end). `finish` runs on the trained run before its actors stop
     (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir;
     `plugins`: modules the driver imported, which every worker process imports too."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -762,7 +774,7 @@ def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun],
                 should_stop: Callable[[], bool], logs: list[RunLog], start: float) -> int:
     import ray
 
-    from jobs.recorder import NonFiniteTraining
+    from jobs.recorder import NoLearningSignal, NonFiniteTraining
     from jobs.training import RunStalled, TrainingRun
     from learner.group import LearnerHung
 
@@ -779,6 +791,9 @@ def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun],
         except NonFiniteTraining as exc:  # the same data would do it again: no recovery
             print(f"run stopped: {exc}", file=sys.stderr, flush=True)
             return 1
+        except NoLearningSignal as exc:  # the same policy would do it again: no recovery
+            print(f"run stopped: {exc}", file=sys.stderr, flush=True)
+            return NO_SIGNAL_EXIT
         # A dead rank can surface elsewhere first: the workers fail on the weights it owned, and
         # the pool gives up on them (RuntimeError) before the driver calls the rank again.
         except (RunStalled, LearnerHung, ray.exceptions.RayError, RuntimeError) as exc:

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from cluster.files import write_atomic
 from jobs.config import dump_config
-from jobs.recorder import StepRecorder
+from jobs.recorder import NoLearningSignal, SignalWatch, StepRecorder
 from jobs.records import RunLog, StepRecord, read_records, write_records
 from learner.trainer import PREVIOUS, check_checkpoint
 
@@ -121,6 +121,8 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
 METRICS_EVERY_S = 30.0
 """metrics.parquet is rewritten at every checkpoint and, between them, after a step once this
 long has passed (what `jobs.status` reads of a running job; the whole file each time)."""
+SIGNAL_READ_EVERY_S = 5.0
+"""How often a waiting driver reads the workers' group totals (SignalWatch: one call per worker)."""
 BUFFER, JUDGE = "buffer", "judge"
 """The Ray names of the job's buffer and judge actors (in its namespace; jobs.train.run_namespace)."""
 
@@ -178,6 +180,8 @@ class TrainingRun:
             self._give_teacher_bundles_to_rollout()
         self.logs = tuple(logs)
         self._metrics_written = time.monotonic()
+        self.signal = SignalWatch(config.run.max_groups_without_signal)
+        self._signal_read = 0.0
         self.recorder = StepRecorder(self.metrics, recoveries, faults)
         self.version = 0
         self.warm_steps = 0
@@ -469,6 +473,19 @@ class TrainingRun:
             f"{totals['num_groups_delivered']} groups delivered by their current incarnations, buffer "
             f"{int(buffer['num_resident'])} samples resident; checkpointed at {path}")
 
+    def _watch_signal(self) -> None:
+        """Every few seconds, the groups in a row dropped without signal (SignalWatch); at its limit
+        the run checkpoints, exports its policy as at any end (a comparison evaluates it) and
+        stops, naming the likely cause."""
+        if time.monotonic() - self._signal_read < SIGNAL_READ_EVERY_S:
+            return
+        self._signal_read = time.monotonic()
+        cause = self.signal.update(self.pool.group_totals())
+        if cause is not None:
+            path = self.checkpoint()
+            self.learner.export_hf(str(self.dir / "hf"))
+            raise NoLearningSignal(f"{cause} (version {self.version}, checkpointed at {path})")
+
     def _wait_for_batch(self, num_samples: int, should_stop: Callable[[], bool]):
         """Up to num_samples fresh samples, gathered in one-second waits so that a stop request
         or a failed rollout worker is seen within a second (not after run.batch_timeout_s)."""
@@ -480,6 +497,7 @@ class TrainingRun:
         batch = EMPTY_BATCH
         while batch.num_samples < num_samples and not should_stop():
             self.pool.poll()
+            self._watch_signal()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -604,7 +622,8 @@ class TrainingRun:
         """Stop the workers, write the metrics, kill every actor and free the plan's resources;
         `wait`: return only once the actors are gone (a recovery reuses their names)."""
         import ray
-        from ray.util.placement_group import remove_placement_group
+
+        from cluster.plan import release
 
         try:
             if self.pool.workers:
@@ -612,13 +631,12 @@ class TrainingRun:
         finally:
             self.write_metrics()
             self.metrics.close()
+            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.recorder.rows),
+                                                               "job_recoveries": self.recoveries}))
             actors = self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
                 ([self.judge] if self.judge is not None else [])
             for actor in actors:
                 ray.kill(actor)
             for actor in actors if wait else ():
                 wait_until_dead(actor)
-            for group in self.placement_groups:
-                remove_placement_group(group)
-            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.recorder.rows),
-                                                               "job_recoveries": self.recoveries}))
+            release(self.placement_groups)

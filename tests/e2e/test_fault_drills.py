@@ -215,6 +215,24 @@ def test_resume_refuses_an_incomplete_checkpoint_before_any_actor(tmp_path):
     assert "Traceback" not in resumed.stderr and "Started a local Ray instance" not in resumed.stderr
 
 
+def test_a_run_whose_groups_carry_no_signal_stops_naming_the_cause_without_recovering(tmp_path):
+    """GRPO on the untrained nano student: it fails every episode alike, so the group-end stage
+    drops every group for carrying no signal. The run neither waits for run.stall_timeout_s nor
+    rebuilds the same policy (run.max_failures): after run.max_groups_without_signal such groups
+    in a row it checkpoints, exports its policy and exits NO_SIGNAL_EXIT naming the cause."""
+    from jobs.train import NO_SIGNAL_EXIT
+
+    run_dir = tmp_path / "run"
+    job = Job(*short_run(run_dir, steps=5), "learner.algorithm={name: grpo}", "teacher=null",
+              "run.max_groups_without_signal=3", "run.max_failures=2")
+    assert job.finish(timeout_s=300) == NO_SIGNAL_EXIT, job.output
+    stopped = next(line for line in job.lines if line.startswith("run stopped: "))
+    assert "groups the workers finished" in stopped and "carried no learning signal" in stopped, stopped
+    assert "success 0.00" in stopped and "checkpointed at" in stopped, stopped
+    assert "recovery" not in job.output
+    assert (run_dir / "checkpoints" / "latest").is_file() and (run_dir / "hf" / "config.json").is_file()
+
+
 def assert_env_restarts_lost_nothing(run_dir, num_steps: int, output: str) -> None:
     """Every step trained and the run evaluated; an environment actor was restarted; no group
     stored twice, and every sample put is accounted for."""

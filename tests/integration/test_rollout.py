@@ -121,8 +121,14 @@ def test_group_end_hook_sets_grpo_advantages(ray_session):
     stats = pool.stats()[0]
     assert stats["num_groups_put"] == 2
     assert len({s.group_id for s in samples}) == 2 - stats.get("num_groups_without_signal", 0)
-    assert totals == {"num_groups_delivered": 2,
-                      "num_groups_without_signal": stats.get("num_groups_without_signal", 0)} == pool.group_totals()
+    flat = stats.get("num_groups_without_signal", 0)
+    assert totals == pool.group_totals()
+    assert (totals["num_groups_delivered"], totals["num_groups_without_signal"]) == (2, flat)
+    # The dropped groups' episodes, for the driver's cause when no group carries a signal any more.
+    assert totals["num_episodes_without_signal"] == 4 * flat
+    assert totals["num_successes_without_signal"] in (0, 4, 8)  # a flat group: all or none of its 4
+    assert flat <= totals["num_turns_without_signal"] // 4 <= 3 * flat
+    assert 0 <= totals["num_format_errors_without_signal"] <= totals["num_turns_without_signal"]
     assert all(s.advantage is not None for s in samples)
     assert ray.get(buffer.stats.remote())["num_outstanding_groups"] == 0
 

@@ -83,6 +83,21 @@ def test_the_outputs_keep_every_run_and_task(tmp_path, capsys):
     assert out.splitlines()[-1].startswith("RESULT baseline=grpo seeds=2 eval_tasks=2 warm_start=0.250 grpo_mean=0.250")
 
 
+def test_runs_stopped_for_no_learning_signal_are_results_and_are_counted(tmp_path, capsys):
+    from argparse import Namespace
+
+    # A run that stopped early (NO_SIGNAL_EXIT: its format collapsed, say) is evaluated like any
+    # other; the report and the RESULT line say in how many seeds it happened.
+    results = {("grpo", 0): {**result([0, 0]), "no_signal": True}, ("grpo", 1): result([0, 1]),
+               ("opd", 0): result([1, 1]), ("opd", 1): result([1, 0])}
+    summary = summarize(results, "grpo")
+    assert summary["grpo"]["no_signal"] == (1, 2) and summary["opd"]["no_signal"] == (0, 2)
+    assert "| runs stopped early: no group carried a signal | 1/2 seeds | 0/2 seeds |" in report(summary, "grpo", "# h")
+    _write(results, "grpo", Namespace(steps=10, wall_s=None, seeds=2, eval_tasks=2), tmp_path, warm_success=0.25)
+    fields = capsys.readouterr().out.splitlines()[-1].split()
+    assert "grpo_no_signal=1/2" in fields and not any(f.startswith("opd_no_signal") for f in fields)
+
+
 def test_teacher_arms_report_the_per_turn_kl_slope_the_teachers_cost_and_retirement():
     from jobs.compare import kl_slope, teacher_facts
 

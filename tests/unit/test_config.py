@@ -421,3 +421,21 @@ def test_target_eval_success_ends_the_run_at_the_first_evaluation_that_reaches_i
     assert not never.target_reached
     with pytest.raises(ConfigError, match="target_eval_success"):
         load_config(JobConfig, None, ["run.target_eval_success=1.5"])
+
+
+def test_releasing_placement_groups_waits_at_most_its_deadline():
+    import threading
+    import time
+
+    from cluster.plan import release
+
+    removed = []
+    release(["g0", "g1"], timeout_s=5, remove=removed.append)
+    assert removed == ["g0", "g1"]
+    # Ray's call blocks for good when the node's raylet is gone: the close still returns.
+    never = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not remove the run's 2 placement group"):
+        release(["g0", "g1"], timeout_s=0.2, remove=lambda group: never.wait())
+    assert time.monotonic() - start < 5
+    never.set()

@@ -91,6 +91,36 @@ def test_skipped_steps_are_counted_by_reason_and_stop_the_run_after_the_limit_in
     assert exported == [("nonfinite_steps", 1), ("empty_batches", 1), ("nonfinite_steps", 1)]
 
 
+def totals(delivered, flat, successes=0, turns=0, format_errors=0, group_size=4):
+    return {"num_groups_delivered": delivered, "num_groups_without_signal": flat,
+            "num_episodes_without_signal": flat * group_size, "num_successes_without_signal": successes,
+            "num_turns_without_signal": turns, "num_format_errors_without_signal": format_errors}
+
+
+def test_the_signal_watch_stops_after_the_limit_of_flat_groups_in_a_row_and_names_the_cause():
+    from jobs.recorder import SignalWatch
+
+    watch = SignalWatch(limit=3)
+    assert watch.update(totals(5, 1)) is None  # the streak starts here
+    assert watch.update(totals(7, 3, turns=20, format_errors=19)) is None  # 2 flat groups in a row
+    # A group with signal between two reads (delivered +2, flat +1) starts the streak again.
+    assert watch.update(totals(9, 4, turns=30, format_errors=28)) is None
+    assert watch.update(totals(11, 6, turns=50, format_errors=48)) is None
+    cause = watch.update(totals(12, 7, turns=60, format_errors=55))
+    assert cause.startswith("the last 3 groups the workers finished (12 episodes) carried no learning signal")
+    assert "success 0.00, format errors on 0.90 of the turns" in cause and "tool calls do not parse" in cause
+    # A restarted worker's totals start at 0 again: a new streak, not a negative one.
+    assert watch.update(totals(2, 2)) is None and watch.update(totals(4, 4)) is None
+    solved = SignalWatch(2)
+    solved.update(totals(0, 0))
+    assert "solves these training tasks" in solved.update(totals(2, 2, successes=8, turns=16))
+    failed = SignalWatch(2)
+    failed.update(totals(0, 0))
+    assert "fails every task alike" in failed.update(totals(2, 2, turns=80, format_errors=4))
+    unlimited = SignalWatch(None)
+    assert unlimited.update(totals(0, 0)) is None and unlimited.update(totals(100, 100)) is None
+
+
 def test_a_write_that_fails_midway_leaves_the_previous_metrics_file(tmp_path, monkeypatch):
     path = tmp_path / "metrics.parquet"
     write_records(path, [record(1)])
