@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import Generation, SamplingConfig
+from cluster.reaper import reap_with_this_process
 
 
 class VLLMConfig(BaseModel):
@@ -149,6 +151,7 @@ class VLLMEngine:
             and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
         try:
             self.llm = LLM(model=str(self.model_dir), dtype=config.dtype, max_model_len=config.max_model_len,
                            seed=config.seed, enforce_eager=config.enforce_eager,
@@ -158,6 +161,10 @@ class VLLMEngine:
         finally:
             if in_process:
                 del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        # The engine core's processes die with this one, however it ends (cluster/reaper.py).
+        started = [child.pid for child in psutil.Process().children(recursive=True) if child.pid not in before]
+        if started:
+            reap_with_this_process(started)
         self._calls = 0
 
     @property

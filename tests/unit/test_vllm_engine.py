@@ -125,3 +125,15 @@ def test_a_request_admitted_mid_generation_joins_the_running_batch(engine, tok):
     assert not engine.llm.llm_engine.has_unfinished_requests()
     [after] = engine.generate(prompts[2:], short)
     assert after.token_ids == expected[2].token_ids
+
+
+def test_the_engine_core_processes_are_handed_to_a_reaper(engine):
+    """A SIGKILLed owner left `VLLM::EngineCore` and `VLLM::Worker` running under init; the
+    engine's processes are killed with their owner (cluster/reaper.py; tests/unit/test_reaper.py)."""
+    import json
+
+    import psutil
+
+    watchdogs = [p for p in psutil.Process().children() if "cluster.reaper" in " ".join(p.cmdline())]
+    handed = {pid for w in watchdogs for pid, _ in json.loads(w.cmdline()[-1])}
+    assert any(psutil.Process(pid).cmdline()[0].startswith("VLLM::EngineCore") for pid in handed), handed
