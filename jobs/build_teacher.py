@@ -10,7 +10,10 @@ first clones the expert's demonstrations (`warm_start`), here rendered with c+. 
 teacher is frozen: its weights are exported to `<run.dir>/hf` with `teacher.json` beside them
 (envs.privileged's c+ as loaded, the environment and prompt config it was trained with, and
 SR_T: its greedy success acting as a policy with c+ on `run.eval_split`, `run.eval_tasks`
-tasks, measured by the rollout workers). A RetireOPD job serves it with
+tasks, measured by the rollout workers). With `run.export_best` (the shipped teacher configs set
+it) the teacher is the better of the final policy and the best periodic evaluation's (the warm
+start's included): GRPO on the environment's reward can lower what the warm start reached, and
+SR_T is then that evaluation's success (chosen on the same tasks: biased up by the choice). A RetireOPD job serves it with
 `teacher.backend=hf|vllm teacher.model.path=<run.dir>/hf` and the same c+ in
 `teacher.privileged`; its preflight checks both against teacher.json and reads SR_T from it.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(config))
         print(config.cluster.plan.describe())
         return 0
+    from jobs.training import BEST_HF, read_best
     from teacher.privileged import TEACHER_MANIFEST, teacher_manifest
 
     out = Path(config.run.dir) / "hf"
@@ -63,10 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     def measure(run) -> None:
         run.pool.publish_weights(run.learner.publish(), run.version)  # the exported weights, whatever publish_every
         success, by_type = run.evaluate()
+        version, best = run.version, read_best(run.dir)
+        if best["eval_success"] > success:  # run.export_best: an earlier policy did better on the same tasks
+            print(f"the final policy's {success:.3f} is below version {best['version']}'s {best['eval_success']:.3f}: "
+                  f"that one is the teacher", flush=True)
+            shutil.rmtree(out)
+            shutil.copytree(run.dir / BEST_HF, out)
+            version, success, by_type = best["version"], best["eval_success"], best["eval_success_by_type"]
         manifest = {**teacher_manifest(privileged, config.env, config.rollout.loop.prompt),
                     "teacher_success": success, "teacher_success_by_type": by_type,
                     "eval_split": config.run.eval_split, "eval_tasks": config.run.eval_tasks,
-                    "version": run.version, "student_model": config.model.model_dump(mode="json")}
+                    "version": version, "student_model": config.model.model_dump(mode="json")}
         (out / TEACHER_MANIFEST).write_text(json.dumps(manifest, indent=2))
         print(f"teacher success with privileged context (SR_T) on {config.run.eval_split}: {success:.3f} "
               f"{json.dumps(by_type)}", flush=True)

@@ -122,6 +122,11 @@ class RunConfig(BaseModel):
     """The lowest level of the workers' third-party output (vLLM, torch, Ray) printed on the console:
     error, warning or info (everything; `--verbose`). Every line is kept in RUN_DIR/logs/workers.log
     whatever the level (jobs/console.py); the job's own lines are always printed."""
+    export_best: bool = False
+    """After each periodic evaluation (the warm start's too) that beats every earlier one, export
+    the policy to RUN_DIR/best_hf and its version and success to best.json (the final policy is
+    still RUN_DIR/hf). The best of several noisy evaluations is biased upwards: measure it again
+    on other tasks before reporting it (jobs.build_teacher keeps the better of best and final)."""
     report: bool = True
     """When the job ends (a signal's stop included), write jobs.report's figures and report.md into
     the run directory; the end summary names them."""
@@ -440,7 +445,7 @@ def config_changes(saved: JobConfig, config: JobConfig) -> dict[str, tuple[Any, 
 
 
 RUN_OUTPUTS = ("config.yaml", "checkpoints", "metrics.parquet", "warm_start.parquet", "summary.json", "hf",
-               "warm_start_hf", "tensorboard", "logs")
+               "warm_start_hf", "best_hf", "best.json", "tensorboard", "logs")
 """What a training run writes into run.dir (jobs.training); `--overwrite` removes these and nothing else."""
 
 

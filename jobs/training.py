@@ -132,6 +132,17 @@ def teacher_name(key: int | str) -> str:
     return f"teacher-{key}"
 
 
+BEST_HF, BEST_JSON = "best_hf", "best.json"
+"""run.export_best: the policy of the best periodic evaluation (a HF directory) and its version and
+success, beside the final `hf`."""
+
+
+def read_best(run_dir: Path) -> dict[str, float]:
+    """The run's best periodic evaluation so far (run.export_best; -inf before any)."""
+    path = run_dir / BEST_JSON
+    return json.loads(path.read_text()) if path.is_file() else {"version": -1, "eval_success": float("-inf")}
+
+
 class RunStalled(RuntimeError):
     """No sample reached the learner for run.stall_timeout_s."""
 
@@ -350,7 +361,7 @@ class TrainingRun:
         self.pool.publish_weights(self.learner.publish(), self.version)
         if self.config.run.eval_every:
             rows[-1]["eval_success"], rows[-1]["eval_success_by_type"] = self.evaluate()
-            self._check_target(rows[-1]["eval_success"])
+            self._evaluated(rows[-1]["eval_success"], rows[-1]["eval_success_by_type"])
             print(f"warm start done at version {self.version} in {time.perf_counter() - start:.0f} s: "
                   f"eval {rows[-1]['eval_success']:.2f}", flush=True)
             for log in self.logs:
@@ -413,7 +424,7 @@ class TrainingRun:
             if run.eval_every and step % run.eval_every == 0:
                 overall, by_type = self.evaluate()
                 row = dataclasses.replace(row, eval_success=overall, eval_success_by_type=by_type)
-                self._check_target(overall)
+                self._evaluated(overall, by_type)
             if self.schedule is not None and self.schedule.after_step(self.version, row.reverse_kl, row.eval_success):
                 self._stop_teacher()
             self.recorder.rows.append(row)
@@ -430,11 +441,22 @@ class TrainingRun:
         # The final policy as a HF directory: jobs.evaluate and the engines load it.
         self.learner.export_hf(str(self.dir / "hf"))
 
-    def _check_target(self, eval_success: float) -> None:
+    def _evaluated(self, eval_success: float, by_type: dict[str, float]) -> None:
+        """After a periodic evaluation: run.target_eval_success and run.export_best."""
         target = self.config.run.target_eval_success
         if target is not None and eval_success >= target:
             self.target_reached = True
             print(f"eval {eval_success:.2f} reached run.target_eval_success={target}: stopping", flush=True)
+        if self.config.run.export_best and eval_success > read_best(self.dir)["eval_success"]:
+            # Exported beside, then swapped in: a crash leaves the previous best or none, never a mix.
+            best, staging = self.dir / BEST_HF, self.dir / f"{BEST_HF}.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            self.learner.export_hf(str(staging))
+            shutil.rmtree(best, ignore_errors=True)
+            staging.rename(best)
+            record = json.dumps({"version": self.version, "eval_success": eval_success,
+                                 "eval_success_by_type": by_type})
+            write_atomic(self.dir / BEST_JSON, lambda tmp: tmp.write_text(record))
 
     def _say_waiting(self, num_samples: int, idle: float) -> None:
         """The learner got fewer samples than a batch: say so, with the likeliest cause when known."""

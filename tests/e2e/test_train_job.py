@@ -352,10 +352,11 @@ def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
 
 def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_retired(tmp_path):
     # jobs.build_teacher: the nano student's model with c+ (skill bank and map), a short warm start
-    # and two GRPO steps (groups that all fail still train: the nano model fails them all).
+    # and two GRPO steps (groups that all fail still train: the nano model fails them all), an
+    # evaluation after each (run.export_best keeps the best).
     teacher_dir = tmp_path / "teacher"
     built = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config", "jobs/configs/babyai_teacher_tiny.yaml",
-                            "model.path=tiny:nano", f"run.dir={teacher_dir}", "run.steps=2", "run.eval_every=0",
+                            "model.path=tiny:nano", f"run.dir={teacher_dir}", "run.steps=2", "run.eval_every=1",
                             "run.eval_tasks=4", "run.metrics_port=null", "rollout.loop.max_turns=3",
                             "buffer.batch_size=16", "warm_start.num_episodes=16", "warm_start.epochs=1",
                             "warm_start.batch_episodes=8", "learner.algorithm.drop_zero_variance_groups=false",
@@ -365,6 +366,14 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     manifest = json.loads((teacher_dir / "hf" / "teacher.json").read_text())
     assert manifest["map"] and manifest["skills"] and 0.0 <= manifest["teacher_success"] <= 1.0
     assert manifest["eval_tasks"] == 4 and f"teacher written to {teacher_dir / 'hf'}" in built.stdout
+    # The teacher is the better of the final policy (version warm + 2) and the best evaluation's.
+    best = json.loads((teacher_dir / "best.json").read_text())
+    final = int(re.search(r'"final_version": (\d+)', built.stdout).group(1))
+    assert (teacher_dir / "best_hf" / "config.json").is_file() and best["version"] <= final
+    if "is below version" in built.stdout:  # an earlier policy beat the final one
+        assert (manifest["version"], manifest["teacher_success"]) == (best["version"], best["eval_success"])
+    else:
+        assert manifest["version"] == final and manifest["teacher_success"] >= best["eval_success"]
     teacher = ["teacher.backend=hf", f"teacher.model.path={teacher_dir / 'hf'}",
                "teacher.privileged.skill_bank=envs/babyai_text/skills.yaml"]
     # A teacher served without the context it was built with is refused before any actor starts.
