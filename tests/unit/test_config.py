@@ -412,15 +412,41 @@ def test_target_eval_success_ends_the_run_at_the_first_evaluation_that_reaches_i
     from jobs.training import TrainingRun
 
     run = SimpleNamespace(config=load_config(JobConfig, None, ["run.target_eval_success=0.6"]), target_reached=False)
-    TrainingRun._check_target(run, 0.59)
+    TrainingRun._evaluated(run, 0.59, {})
     assert not run.target_reached
-    TrainingRun._check_target(run, 0.6)
+    TrainingRun._evaluated(run, 0.6, {})
     assert run.target_reached and "reached run.target_eval_success=0.6" in capsys.readouterr().out
     never = SimpleNamespace(config=load_config(JobConfig, None, []), target_reached=False)
-    TrainingRun._check_target(never, 1.0)
+    TrainingRun._evaluated(never, 1.0, {})
     assert not never.target_reached
     with pytest.raises(ConfigError, match="target_eval_success"):
         load_config(JobConfig, None, ["run.target_eval_success=1.5"])
+
+
+def test_export_best_keeps_the_policy_of_the_best_evaluation_beside_the_final_one(tmp_path):
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from jobs.train import JobConfig
+    from jobs.training import TrainingRun, read_best
+
+    def export_hf(path):  # the learner's export: a directory naming the version it holds
+        Path(path).mkdir()
+        (Path(path) / "version").write_text(str(run.version))
+
+    run = SimpleNamespace(config=load_config(JobConfig, None, ["run.export_best=true"]), target_reached=False,
+                          dir=tmp_path, version=0, learner=SimpleNamespace(export_hf=export_hf))
+    assert read_best(tmp_path)["eval_success"] == float("-inf")
+    for version, success in [(4, 0.5), (5, 0.7), (6, 0.6), (7, 0.7)]:
+        run.version = version
+        TrainingRun._evaluated(run, success, {"go_to": success})
+    # The first of the best (a tie keeps the earlier policy), swapped in whole.
+    assert read_best(tmp_path) == {"version": 5, "eval_success": 0.7, "eval_success_by_type": {"go_to": 0.7}}
+    assert (tmp_path / "best_hf" / "version").read_text() == "5" and not (tmp_path / "best_hf.tmp").exists()
+    assert json.loads((tmp_path / "best.json").read_text())["version"] == 5
+    off = SimpleNamespace(config=load_config(JobConfig, None, []), target_reached=False, dir=tmp_path / "off")
+    TrainingRun._evaluated(off, 1.0, {})  # no export without the option (and no learner needed)
 
 
 def test_releasing_placement_groups_waits_at_most_its_deadline():
