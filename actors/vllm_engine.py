@@ -26,7 +26,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.engine import Generation, SamplingConfig
-from cluster.reaper import reap_with_this_process
+from cluster.reaper import Reaper
 
 
 class VLLMConfig(BaseModel):
@@ -163,8 +163,7 @@ class VLLMEngine:
                 del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
         # The engine core's processes die with this one, however it ends (cluster/reaper.py).
         started = [child.pid for child in psutil.Process().children(recursive=True) if child.pid not in before]
-        if started:
-            reap_with_this_process(started)
+        self._reaper = Reaper(started) if started else None
         self._calls = 0
 
     @property
@@ -175,6 +174,8 @@ class VLLMEngine:
         """Stop the engine core now (a process on GPU: left to interpreter exit, its shutdown
         logs into closed streams and prints a 'Logging error' traceback)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self._reaper is not None:
+            self._reaper.close()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         from vllm.inputs import TokensPrompt

@@ -12,14 +12,16 @@ closing tells them to exit; this does the same one level up. (A process we start
 such as models/vllm_server.py's server, asks the kernel instead: PR_SET_PDEATHSIG in the child.
 The engine core is started by vLLM, where no such hook runs.)
 
-    reap_with_this_process(pids)
+    Reaper(pids)
 
 starts a watchdog process holding the read end of a pipe whose write end only this process
 holds. The kernel closes the write end when this process ends, however it ends; the
 watchdog's read then returns, and it SIGKILLs every pid it was given that is still the same
-process (its start time unchanged), then exits. A process this one forks afterwards (a
-fork, not an exec, copies every descriptor) holds the write end too: the watchdog then waits
-for that one as well. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
+process (its start time unchanged), then exits. `Reaper.close` closes the write end itself:
+the owner's orderly close of what it started (the watchdog does not outlive it either). A
+fork copies every descriptor, and vLLM forks its next engine core: a child this process forks
+closes its copies at once (os.register_at_fork), or the first engine's watchdog would wait for
+the second engine's core. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
 """
 
 from __future__ import annotations
@@ -30,24 +32,42 @@ import signal
 import subprocess
 import sys
 
-_WRITE_ENDS: list[int] = []
-"""This process's ends of the watchdogs' pipes, open for as long as it lives."""
+_OPEN: set[int] = set()
+"""This process's write ends of its watchdogs' pipes."""
 
 
-def reap_with_this_process(pids: list[int]) -> subprocess.Popen:
-    """Kill `pids` once this process is gone. Returns the watchdog (its own session: a signal
-    to this process's group does not stop it before it has done its work)."""
-    import psutil
+def _close_in_child() -> None:
+    for write_end in _OPEN:
+        os.close(write_end)
+    _OPEN.clear()
 
-    processes = [(pid, psutil.Process(pid).create_time()) for pid in pids]
-    read_end, write_end = os.pipe()
-    watchdog = subprocess.Popen([sys.executable, "-m", "cluster.reaper", str(read_end), json.dumps(processes)],
-                                pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.close(read_end)
-    _WRITE_ENDS.append(write_end)
-    return watchdog
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class Reaper:
+    """A watchdog that kills `pids` once this process is gone, or at `close`."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import psutil
+
+        processes = [(pid, psutil.Process(pid).create_time()) for pid in pids]
+        read_end, self._write_end = os.pipe()
+        _OPEN.add(self._write_end)
+        # Its own session: a signal to this process's group does not stop it before its work.
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "cluster.reaper", str(read_end), json.dumps(processes)], pass_fds=(read_end,),
+            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        os.close(read_end)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Kill what is left of the pids now (as this process's end would) and let the watchdog exit."""
+        if self._write_end not in _OPEN:  # closed before, or this is a forked child's copy
+            return
+        _OPEN.remove(self._write_end)
+        os.close(self._write_end)
+        self.watchdog.wait(timeout=timeout_s)
 
 
 def _watch(read_end: int, processes: list[tuple[int, float]]) -> None:

@@ -9,10 +9,10 @@ import psutil
 
 PARENT = r'''
 import subprocess, sys, time
-from cluster.reaper import reap_with_this_process
+from cluster.reaper import Reaper
 kept = subprocess.Popen(["sleep", "600"])
 reaped = subprocess.Popen(["sleep", "600"])
-reap_with_this_process([reaped.pid])
+reaper = Reaper([reaped.pid])
 print(kept.pid, reaped.pid, flush=True)
 time.sleep(600)
 '''
@@ -43,3 +43,41 @@ def test_a_process_handed_to_the_reaper_dies_when_its_parent_is_sigkilled():
         for pid in (kept, reaped):
             if not gone(pid):
                 psutil.Process(pid).kill()
+
+
+def test_closing_the_reaper_kills_its_processes_now_and_ends_the_watchdog():
+    from cluster.reaper import Reaper
+
+    child = subprocess.Popen(["sleep", "600"])
+    reaper = Reaper([child.pid])
+    try:
+        assert reaper.watchdog.poll() is None and child.poll() is None
+        reaper.close()
+        assert reaper.watchdog.returncode == 0 and child.wait(timeout=10) == -signal.SIGKILL
+        reaper.close()  # once
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_a_forked_child_holds_no_write_end_so_closing_does_not_wait_for_it():
+    """vLLM forks each engine core: a second engine's core must not keep the first's watchdog waiting."""
+    import os
+
+    from cluster.reaper import Reaper
+
+    child = subprocess.Popen(["sleep", "600"])
+    reaper = Reaper([child.pid])
+    forked = os.fork()
+    if forked == 0:  # the forked child lives on, as an engine core would
+        time.sleep(600)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        reaper.close(timeout_s=10)
+        assert time.monotonic() - start < 5 and child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        os.kill(forked, signal.SIGKILL)
+        os.waitpid(forked, 0)
+        if child.poll() is None:
+            child.kill()

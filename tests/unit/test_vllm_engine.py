@@ -134,6 +134,6 @@ def test_the_engine_core_processes_are_handed_to_a_reaper(engine):
 
     import psutil
 
-    watchdogs = [p for p in psutil.Process().children() if "cluster.reaper" in " ".join(p.cmdline())]
-    handed = {pid for w in watchdogs for pid, _ in json.loads(w.cmdline()[-1])}
-    assert any(psutil.Process(pid).cmdline()[0].startswith("VLLM::EngineCore") for pid in handed), handed
+    handed = json.loads(engine._reaper.watchdog.args[-1])
+    assert engine._reaper.watchdog.poll() is None
+    assert any(psutil.Process(pid).cmdline()[0].startswith("VLLM::EngineCore") for pid, _ in handed), handed
