@@ -13,8 +13,8 @@ SR_T: its greedy success acting as a policy with c+ on `run.eval_split`, `run.ev
 tasks, measured by the rollout workers). With `run.export_best` (the shipped teacher configs set
 it) the teacher is the better of the final policy and the best periodic evaluation's (the warm
 start's included): GRPO on the environment's reward can lower what the warm start reached, and
-SR_T is then that evaluation's success (chosen on the same tasks: biased up by the choice). A RetireOPD job serves it with
-`teacher.backend=hf|vllm teacher.model.path=<run.dir>/hf` and the same c+ in
+SR_T is then that evaluation's success (chosen on the same tasks: biased up by the choice). A
+RetireOPD job serves it with `teacher.backend=hf|vllm teacher.model.path=<run.dir>/hf` and the same c+ in
 `teacher.privileged`; its preflight checks both against teacher.json and reads SR_T from it.
 """
 

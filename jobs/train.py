@@ -93,8 +93,9 @@ class RunConfig(BaseModel):
     FailureConfig.max_failures). 0: the run stops and names the `--resume` command."""
     max_groups_without_signal: int | None = Field(default=32, ge=1)
     """Stop the run (checkpointed, policy exported, exit NO_SIGNAL_EXIT, naming the likely cause: a
-    collapsed format, tasks all solved or all failed) once this many groups in a row were dropped for carrying no signal
-    (learner.algorithm.drop_zero_variance_groups); None: wait (run.stall_timeout_s still applies).
+    collapsed format, tasks all solved or all failed) once this many groups in a row were dropped
+    for carrying no signal (learner.algorithm.drop_zero_variance_groups); None: wait
+    (run.stall_timeout_s still applies).
     A policy at success p gives 32 flat groups of G in a row with probability (p^G + (1-p)^G)^32:
     1e-3 at p = 0.05, G = 4 (jobs.recorder.SignalWatch)."""
     stall_timeout_s: float = Field(default=1800.0, gt=0)
@@ -665,9 +666,10 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
             allow_change: tuple[str, ...] = (), overwrite: bool = False, plugins: tuple[str, ...] = ()) -> int:
     """Preflight, cluster, actors, the loop, close; the exit status (2: bad input, 1: the run
     stopped on a failure it names, NO_SIGNAL_EXIT: it stopped early because no group carried a
-    learning signal any more, its policy exported as at a normal end). `finish` runs on the trained run before its actors stop
-    (jobs.build_teacher measures the teacher there); `allow_change` and `overwrite`: check_run_dir;
-    `plugins`: modules the driver imported, which every worker process imports too."""
+    learning signal any more, its policy exported as at a normal end). `finish` runs on the
+    trained run before its actors stop (jobs.build_teacher measures the teacher there);
+    `allow_change` and `overwrite`: check_run_dir; `plugins`: modules the driver imported, which
+    every worker process imports too."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     status = _join_cluster(config, resume, allow_change, overwrite, plugins)
     if status is not None:

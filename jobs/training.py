@@ -653,8 +653,8 @@ class TrainingRun:
         finally:
             self.write_metrics()
             self.metrics.close()
-            (self.dir / "summary.json").write_text(json.dumps({"version": self.version, "steps": len(self.recorder.rows),
-                                                               "job_recoveries": self.recoveries}))
+            summary = {"version": self.version, "steps": len(self.recorder.rows), "job_recoveries": self.recoveries}
+            (self.dir / "summary.json").write_text(json.dumps(summary))
             actors = self.pool.workers + self.learner.ranks + [self.buffer] + self.teachers + \
                 ([self.judge] if self.judge is not None else [])
             for actor in actors:

@@ -458,7 +458,7 @@ def test_releasing_placement_groups_waits_at_most_its_deadline():
     removed = []
     release(["g0", "g1"], timeout_s=5, remove=removed.append)
     assert removed == ["g0", "g1"]
-    # Ray's call blocks for good when the node's raylet is gone: the close still returns.
+    # A call that never returns (a close was seen blocked in Ray's; not reproduced): the close still returns.
     never = threading.Event()
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="did not remove the run's 2 placement group"):
