@@ -19,9 +19,10 @@ holds. The kernel closes the write end when this process ends, however it ends; 
 watchdog's read then returns, and it SIGKILLs every pid it was given that is still the same
 process (its start time unchanged), then exits. `Reaper.close` closes the write end itself:
 the owner's orderly close of what it started (the watchdog does not outlive it either). A
-fork copies every descriptor, and vLLM forks its next engine core: a child this process forks
-closes its copies at once (os.register_at_fork), or the first engine's watchdog would wait for
-the second engine's core. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
+fork copies every descriptor, and vLLM forks its engine cores where it may (its default off
+CPU, before CUDA is initialised; on CPU it spawns): a child this process forks closes its
+copies at once (os.register_at_fork), or the first engine's watchdog would wait for the second
+engine's core. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
 """
 
 from __future__ import annotations
