@@ -44,8 +44,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.train import NO_SIGNAL_EXIT
-
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 """The 97.5% quantile of Student's t with 1..30 degrees of freedom."""
@@ -103,6 +101,8 @@ def evaluate_model(model_dir: str, eval_config: dict, out: Path) -> list[dict]:
 
 def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict) -> dict:
     """One run and its evaluation (the body of a Ray task): the per-task results and the curve."""
+    from jobs.train import NO_SIGNAL_EXIT
+
     out = Path(run_dir) / "eval_compare"
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -190,13 +190,13 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
         base_slopes = {seed: r["kl_slope"] for (a, seed), r in results.items()
                        if a == baseline and r.get("kl_slope") is not None}
         retired = [r.get("retired_at") for r in runs]
-        summary[arm]["no_signal"] = (sum(r.get("no_signal", False) for r in runs), len(runs))
         tokens = [r["teacher_tokens"] for r in runs if r.get("teacher_tokens") is not None]
         summary[arm].update({
             "kl_slope": mean_ci(list(slopes.values())) if slopes else None,
             "kl_slope_vs_baseline": paired_difference(slopes, base_slopes)
             if arm != baseline and set(slopes) & set(base_slopes) else None,
             "teacher_tokens": mean_ci(tokens) if tokens else None,
+            "no_signal": (sum(r.get("no_signal", False) for r in runs), len(runs)),
             "retired": (sum(v is not None for v in retired), len(retired),
                         mean_ci([v for v in retired if v is not None]) if any(v is not None for v in retired) else None)})
     return summary
