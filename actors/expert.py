@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from actors.agent_loop import ChatPrompter, EpisodeState, LoopConfig, Response
 from envs.parser import format_tool_call
@@ -66,16 +67,20 @@ class DemonstrationPolicy:
     With working memory, the memory responses are the expert's plan (`expert_memory`).
     """
 
-    def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>", policy_version: int = 0) -> None:
+    def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>",
+                 policy_version: Callable[[], int] = lambda: 0) -> None:
         self.tokenizer = tokenizer
         self.prompter = ChatPrompter(tokenizer, loop, stop_token)
         self.policy_version = policy_version
+        """The version each response is tagged with, asked at every turn: a rollout worker's
+        current weights' (the buffer's staleness bound then treats demonstrations like samples)."""
 
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses = []
+        version = self.policy_version()
         for ep in episodes:
             state = _state(ep)
             prompt = self.prompter.prompt_ids(ep, state.last)
-            state.last = self.prompter.canonical_text(state.answer(ep), prompt, self.policy_version)
+            state.last = self.prompter.canonical_text(state.answer(ep), prompt, version)
             responses.append(state.last)
         return responses

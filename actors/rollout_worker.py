@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from actors.agent_loop import AGENT_FAILED, EpisodeResult, EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, running_trajectory
 from actors.counters import FORMAT_ERRORS_AT, GROUP_TOTALS, TURNS_AT
 from actors.engine import SamplingConfig
+from actors.expert import DemonstrationPolicy
 from models.weights import weights_as_tensors
 from actors.vllm_engine import VLLMConfig
 from buffer.contracts import env_steps
@@ -217,7 +218,10 @@ class RolloutWorker:
                 self.curriculum = ALGORITHMS[algorithm.name].curriculum(algorithm)
         self.tokenizer = load_tokenizer(spec.model)
         self.engine = build_engine(config, spec.model, self.tokenizer, seed_offset=worker_index)
-        self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
+        if algorithm is not None and ALGORITHMS[algorithm.name].demonstrations:
+            self.policy = DemonstrationPolicy(self.tokenizer, config.loop, policy_version=lambda: self.engine.version)
+        else:
+            self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
         self._engine_lock = asyncio.Lock()
         self._pending_weights: tuple[Any, int] | None = None
         self._stop = False

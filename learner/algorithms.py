@@ -433,6 +433,13 @@ def episode_advantages(trajectories, cfg, ctx):
 
 
 @_stage
+def successes_only(trajectories, cfg, ctx):
+    """The successful episodes (behaviour cloning copies what it is shown; the warm start keeps
+    the same)."""
+    return [t for t in trajectories if t.success]
+
+
+@_stage
 def turn_selection(trajectories, cfg, ctx):
     return [select_turns(t, cfg.turn_level_k, ctx.worker_index) for t in trajectories]
 
@@ -482,6 +489,11 @@ class Algorithm:
     baseline), so the algorithm cannot be delivered in segments."""
     config_cls: type[AlgorithmConfig] = AlgorithmConfig
     """Validates the algorithm's `learner.algorithm` section: the shared knobs and its own."""
+    demonstrations: bool = False
+    """The rollout workers play the environment's expert instead of the model, its calls in the
+    student's token format with the current weights' version (`actors.expert.DemonstrationPolicy`):
+    the loss learns from demonstrations collected as the run goes (sft: behaviour cloning for a
+    whole run, the SFT-only arm of a comparison). Evaluations still play the model."""
 
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
@@ -573,7 +585,7 @@ register_algorithm("joint", Algorithm(joint_loss, (joint_advantages, teacher_sco
 register_algorithm("retire_opd", Algorithm(joint_loss, (joint_advantages, teacher_scores),
                                            gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
                                            schedule=retirement_schedule, config_cls=RetireOPDConfig))
-register_algorithm("sft", Algorithm(sft_loss))
+register_algorithm("sft", Algorithm(sft_loss, (successes_only,), demonstrations=True))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                      gauges=lambda cfg, step: {"opd_lambda": 1.0,
                                                                "horizon_k": float(horizon(cfg.tcod, step))},

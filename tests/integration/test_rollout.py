@@ -155,6 +155,35 @@ def test_weight_updates_reach_workers_between_rounds(ray_session):
     assert all(r["policy_version"] == 2 for r in pool.evaluate("eval50", list(range(2))))
 
 
+def test_an_sft_pool_rolls_out_the_experts_calls_tagged_with_the_current_weights_and_evaluates_the_model(ray_session):
+    """sft (`Algorithm.demonstrations`): behaviour cloning for a whole run, the SFT-only arm."""
+    import ray
+
+    from models.loading import load_model
+
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=10_000, batch_size=64))
+    # The starter level, whose bot solves every task within 10 turns.
+    config = RolloutConfig(engine="hf", num_envs=4, group_size=2, sampling=SamplingConfig(max_new_tokens=24, seed=0),
+                           loop=LoopConfig(max_turns=10))
+    starter = BabyAITextConfig(room_size=6, num_distractors=0, task_types=("go_to", "pick_up"))
+    pool = RolloutPool(1, config, NANO, buffer, num_cpus=0.5, env=starter, algorithm=AlgorithmConfig(name="sft"))
+    pool.start(max_groups_per_worker=2)
+    pool.wait(timeout_s=300)
+    first = drain(ray, buffer)
+    pool.publish_weights(load_model(ModelConfig(path="tiny:nano", seed=5)).state_dict(), version=1)
+    pool.start(max_groups_per_worker=4)  # a running total
+    pool.wait(timeout_s=300)
+    second = drain(ray, buffer, version=1)
+    assert ({s.policy_version for s in first}, {s.policy_version for s in second}) == ({0}, {1})
+    # The expert's calls in the student's format (log-prob 0: it is deterministic), successes only:
+    # the untrained nano model would have failed these episodes.
+    assert all(s.well_formed and set(s.behaviour_logprobs) == {0.0} and s.success for s in first + second)
+    assert len({s.trajectory_id for s in first + second}) == 8
+    # Evaluations play the model: the untrained student's greedy calls mostly do not parse.
+    rows = pool.evaluate("eval", list(range(2)))
+    assert all(r["policy_version"] == 1 for r in rows) and sum(r["num_format_errors"] for r in rows) > 0, rows
+
+
 def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_duplicated(ray_session):
     import ray
 
