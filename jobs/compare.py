@@ -28,17 +28,24 @@ environment: every run is evaluated on the same tasks, with its own job's prompt
    too), the trained tokens the teacher scored, and the version where a schedule stopped the
    teacher (RetireOPD); `compare.md`, `runs.parquet` (one row per run and evaluation task) and
    one RESULT line.
+
+A finished run is not run again: each run writes its result beside it (`eval_compare/result.json`)
+with a key of what it depends on (the config file's text, the run's own overrides, budget and
+seed, its evaluation, the warm start's weights). The same command after a crash, or with an arm or
+seeds added, runs only what is missing; a run whose inputs changed is run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -99,8 +106,47 @@ def evaluate_model(model_dir: str, eval_config: dict, out: Path) -> list[dict]:
             for e in pq.read_table(out / "episodes.parquet").to_pylist()]
 
 
-def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict) -> dict:
-    """One run and its evaluation (the body of a Ray task): the per-task results and the curve."""
+def weights_identity(model_dir: Path) -> str:
+    """A fingerprint of a HF directory's weights: each safetensors file's name, size and first and
+    last MiB (a change of weights changes them; hashing every byte of an 8B model would take a
+    minute)."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        size = path.stat().st_size
+        digest.update(f"{path.name}:{size}".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            digest.update(f.read(1 << 20))
+    return digest.hexdigest()
+
+
+def run_key(config_text: str, overrides: list[str], eval_config: dict, warm_weights: str) -> str:
+    """What a run's result depends on, as one string: the run is reused only under the same key."""
+    return hashlib.sha256(json.dumps([config_text, overrides, eval_config, warm_weights], sort_keys=True)
+                          .encode()).hexdigest()
+
+
+def finished(result_dir: Path, key: str) -> dict | None:
+    """The result a run (or an evaluation) left in `result_dir` under `key`; None: none, or another key's."""
+    path = result_dir / "result.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["result"] if saved["key"] == key else None
+
+
+def _save(result_dir: Path, key: str, result) -> None:
+    from cluster.files import write_atomic
+
+    text = json.dumps({"key": key, "result": result})
+    result_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(result_dir / "result.json", lambda tmp: tmp.write_text(text))
+
+
+def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict, key: str) -> dict:
+    """One run and its evaluation (the body of a Ray task): the per-task results and the curve,
+    also saved under `key` (`finished`)."""
     from jobs.train import NO_SIGNAL_EXIT
 
     out = Path(run_dir) / "eval_compare"
@@ -118,11 +164,20 @@ def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: d
     tasks = evaluate_model(str(Path(run_dir) / "hf"), eval_config, out)
     metrics = Path(run_dir) / "metrics.parquet"
     rows = pq.read_table(metrics).to_pylist() if metrics.is_file() else []
-    return {"tasks": tasks,
-            "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
-            "steps": len(rows), "train_s": train_s, "no_signal": status == NO_SIGNAL_EXIT,
-            "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1) if rows else 0.0,
-            **teacher_facts(rows, has_teacher(Path(run_dir) / "config.yaml"))}
+    result = {"tasks": tasks,
+              "curve": [(r["version"], r["eval_success"]) for r in rows if r["eval_success"] is not None],
+              "steps": len(rows), "train_s": train_s, "no_signal": status == NO_SIGNAL_EXIT,
+              "stale_frac": rows[-1]["dropped_stale"] / max(rows[-1]["buffer_put"], 1) if rows else 0.0,
+              **teacher_facts(rows, has_teacher(Path(run_dir) / "config.yaml"))}
+    _save(out, key, result)
+    return result
+
+
+def evaluate_saved(model_dir: str, eval_config: dict, out: Path, key: str) -> list[dict]:
+    """`evaluate_model`, its rows also saved under `key` (`finished`)."""
+    tasks = evaluate_model(model_dir, eval_config, out)
+    _save(out, key, tasks)
+    return tasks
 
 
 def has_teacher(config_path: Path) -> bool:
@@ -324,6 +379,32 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, list[str]], str, dict[st
     return arms, baseline, jobs, warm
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One run of the comparison: where it runs, its overrides (after the shared ones), its
+    evaluation and its key (`run_key`)."""
+
+    run_dir: Path
+    overrides: list[str]
+    eval_config: dict
+    key: str
+
+
+def plan_runs(args: argparse.Namespace, arms: dict[str, list[str]], jobs: dict, budget: list[str],
+              weights: str) -> dict[tuple[str, int], Planned]:
+    """Every (arm, seed) run, seeds outermost (so that on a queue every arm has its first seeds
+    early)."""
+    config_text = Path(args.config).read_text()
+    planned = {}
+    for seed in range(args.seeds):
+        for arm, overrides in arms.items():
+            seeded = [*args.set, *overrides, f"rollout.sampling.seed={seed}", f"learner.seed={seed}"]
+            eval_config = evaluation_config(jobs[arm], args.eval_tasks)
+            planned[arm, seed] = Planned(Path(args.out).resolve() / arm / f"seed_{seed}", seeded, eval_config,
+                                         run_key(config_text, [*budget, *seeded], eval_config, weights))
+    return planned
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     try:
@@ -331,13 +412,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"jobs.compare: {exc}", file=sys.stderr)
         return 2
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        from cluster.local import configure_loopback
-
-        configure_loopback()  # before ray is imported (cluster/local.py)
-    import ray
-
     out = Path(args.out).resolve()
     warm = out / "warm"
     if not (warm / "warm_start_hf").exists():
@@ -345,7 +419,33 @@ def main(argv: list[str] | None = None) -> int:
                         *args.set, *args.warm,
                         f"run.dir={warm}", "run.steps=1", "run.eval_every=0", "warm_start.export=true"], check=True)
     budget = [f"run.steps={args.steps}"] if args.steps else ["run.steps=1000000", f"run.max_wall_s={args.wall_s}"]
-    common = [f"model.path={warm / 'warm_start_hf'}", "warm_start.num_episodes=0", *budget]
+    weights = weights_identity(warm / "warm_start_hf")
+    # Where every run starts from, on the same tasks.
+    warm_eval = evaluation_config(warm_job, args.eval_tasks)
+    warm_key = run_key(Path(args.config).read_text(), [], warm_eval, weights)
+    warm_tasks = finished(warm / "eval_compare", warm_key)
+    planned = plan_runs(args, arms, jobs, budget, weights)
+    results = {k: finished(p.run_dir / "eval_compare", p.key) for k, p in planned.items()}
+    for (arm, seed), result in results.items():
+        if result is not None:
+            print(f"jobs.compare: {arm} seed {seed}: reusing the finished run in {planned[arm, seed].run_dir}")
+    if warm_tasks is None or None in results.values():
+        common = [f"model.path={warm / 'warm_start_hf'}", "warm_start.num_episodes=0", *budget]
+        warm_tasks, results = _run(args, warm_job, warm, (warm_eval, warm_key, warm_tasks), planned, results, common)
+    return _write(results, baseline, args, out, sum(t["success"] for t in warm_tasks) / args.eval_tasks)
+
+
+def _run(args: argparse.Namespace, warm_job, warm: Path, warm_evaluation: tuple[dict, str, list[dict] | None],
+         planned: dict[tuple[str, int], Planned], results: dict, common: list[str]) -> tuple[list[dict], dict]:
+    """The warm start's evaluation (its config, key and saved rows, if any) and the runs without a
+    result, as Ray tasks."""
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        from cluster.local import configure_loopback
+
+        configure_loopback()  # before ray is imported (cluster/local.py)
+    import ray
+
     plan = warm_job.cluster.plan.needs()
     run_task = ray.remote(num_cpus=plan.get("CPU", 1), num_gpus=plan.get("GPU", 0), max_retries=0)(run_arm_seed)
     if address:
@@ -354,21 +454,19 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.local import init_local_ray
 
         init_local_ray(num_cpus=warm_job.cluster.num_cpus)
-    evaluate_task = ray.remote(num_cpus=1, max_retries=0)(evaluate_model)
+    evaluate_task = ray.remote(num_cpus=1, max_retries=0)(evaluate_saved)
+    warm_eval, warm_key, warm_tasks = warm_evaluation
     try:
-        # Where every run starts from, on the same tasks.
-        warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), evaluation_config(warm_job, args.eval_tasks),
-                                          warm / "eval_compare")
-        pending = {(arm, seed): run_task.remote(args.config, [*common, *args.set, *overrides,
-                                                              f"rollout.sampling.seed={seed}", f"learner.seed={seed}"],
-                                                str(out / arm / f"seed_{seed}"),
-                                                evaluation_config(jobs[arm], args.eval_tasks))
-                   for seed in range(args.seeds) for arm, overrides in arms.items()}
-        results = {key: ray.get(ref) for key, ref in pending.items()}
-        warm_success = sum(t["success"] for t in ray.get(warm_tasks)) / args.eval_tasks
+        if warm_tasks is None:
+            warm_tasks = evaluate_task.remote(str(warm / "warm_start_hf"), warm_eval, warm / "eval_compare", warm_key)
+        pending = {k: result if result is not None else
+                   run_task.remote(args.config, [*common, *planned[k].overrides], str(planned[k].run_dir),
+                                   planned[k].eval_config, planned[k].key)
+                   for k, result in results.items()}
+        results = {k: v if isinstance(v, dict) else ray.get(v) for k, v in pending.items()}
+        return (warm_tasks if isinstance(warm_tasks, list) else ray.get(warm_tasks)), results
     finally:
         ray.shutdown()
-    return _write(results, baseline, args, out, warm_success)
 
 
 def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, warm_success: float) -> int:

@@ -1,6 +1,7 @@
 """jobs.compare's statistics on hand-made results (the tool's runs: README's measured comparison)."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,42 @@ def test_teacher_arms_report_the_per_turn_kl_slope_the_teachers_cost_and_retirem
     assert "| per-turn reverse KL slope (per turn index) | 0.400 ± " in text
     assert "per-turn KL slope, tcod - opd: -0.2000 ± 0.0000" in text
     assert "| teacher stopped by the schedule | 0/3 seeds | 2/3 seeds, at version 45.000 ± " in text
+
+
+def test_finished_runs_are_reused_and_a_run_whose_inputs_changed_runs_again(tmp_path, capsys, monkeypatch):
+    """A comparison re-run after a crash, or with an arm added, runs only what has no result under
+    its key (`run_key`: the config's text, the run's overrides, budget and seed, its evaluation,
+    the warm start's weights)."""
+    import jobs.compare as compare
+
+    weights = tmp_path / "warm" / "warm_start_hf" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"w" * 3000)
+    argv = ["--arm", "opd=", "--arm", "grpo=learner.lr=1e-4", "--seeds", "2", "--steps", "3", "--eval-tasks", "2",
+            "--out", str(tmp_path)]
+    args = compare._arguments(argv)
+    arms, _, jobs, warm_job = compare._check(args)
+    identity = compare.weights_identity(weights.parent)
+    planned = compare.plan_runs(args, arms, jobs, ["run.steps=3"], identity)
+    for (arm, seed), run in planned.items():
+        compare._save(run.run_dir / "eval_compare", run.key, result([int(arm == "opd"), int(seed == 1)]))
+    warm_eval = compare.evaluation_config(warm_job, 2)
+    warm_key = compare.run_key(Path(args.config).read_text(), [], warm_eval, identity)
+    compare._save(tmp_path / "warm" / "eval_compare", warm_key, result([0, 1])["tasks"])
+
+    def run(args, warm_job, warm, warm_evaluation, planned, results, common):
+        missing = sorted(k for k, r in results.items() if r is None)
+        ran.append((warm_evaluation[2] is None, missing))
+        return warm_evaluation[2] or result([0, 1])["tasks"], {k: r or result([1, 1]) for k, r in results.items()}
+
+    ran = []
+    monkeypatch.setattr(compare, "_run", run)
+    assert compare.main(argv) == 0 and ran == []  # everything finished: the report only, no Ray
+    assert capsys.readouterr().out.count("reusing the finished run") == 4
+    assert (tmp_path / "compare.md").is_file()
+    # Another rate for one arm, a third seed: only those runs run.
+    assert compare.main([*argv[:3], "grpo=learner.lr=2e-4", *argv[4:5], "3", *argv[6:]]) == 0
+    assert ran == [(False, [("grpo", 0), ("grpo", 1), ("grpo", 2), ("opd", 2)])]
+    # Other warm-start weights: nothing is reused, the warm start's evaluation included.
+    weights.write_bytes(b"v" * 3000)
+    assert compare.main(argv) == 0 and ran[-1] == (True, sorted(planned))
