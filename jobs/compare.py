@@ -29,7 +29,7 @@ environment: every run is evaluated on the same tasks, with its own job's prompt
    teacher (RetireOPD); `compare.md`, `runs.parquet` (one row per run and evaluation task) and
    one RESULT line.
 
-A finished run is not run again: each run writes its result beside it (`eval_compare/result.json`)
+A finished run is not run again: each run writes its result beside it (`eval_compare/compare_result.json`)
 with a key of what it depends on (the config file's text, the run's own overrides, budget and
 seed, its evaluation, the warm start's weights). The same command after a crash, or with an arm or
 seeds added, runs only what is missing; a run whose inputs changed is run again.
@@ -129,7 +129,7 @@ def run_key(config_text: str, overrides: list[str], eval_config: dict, warm_weig
 
 def finished(result_dir: Path, key: str) -> dict | None:
     """The result a run (or an evaluation) left in `result_dir` under `key`; None: none, or another key's."""
-    path = result_dir / "result.json"
+    path = result_dir / "compare_result.json"
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
@@ -141,7 +141,7 @@ def _save(result_dir: Path, key: str, result) -> None:
 
     text = json.dumps({"key": key, "result": result})
     result_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(result_dir / "result.json", lambda tmp: tmp.write_text(text))
+    write_atomic(result_dir / "compare_result.json", lambda tmp: tmp.write_text(text))
 
 
 def run_arm_seed(config: str, overrides: list[str], run_dir: str, eval_config: dict, key: str) -> dict:
