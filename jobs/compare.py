@@ -29,10 +29,11 @@ environment: every run is evaluated on the same tasks, with its own job's prompt
    teacher (RetireOPD); `compare.md`, `runs.parquet` (one row per run and evaluation task) and
    one RESULT line.
 
-A finished run is not run again: each run writes its result beside it (`eval_compare/compare_result.json`)
-with a key of what it depends on (the config file's text, the run's own overrides, budget and
-seed, its evaluation, the warm start's weights). The same command after a crash, or with an arm or
-seeds added, runs only what is missing; a run whose inputs changed is run again.
+A finished run is not run again: each run writes its result beside it
+(`eval_compare/compare_result.json`) with a key of what it depends on (the config file's text,
+the run's own overrides, budget and seed, its evaluation, the warm start's weights). The same
+command after a crash, or with an arm or seeds added, runs only what is missing; a run whose
+inputs changed is run again.
 """
 
 from __future__ import annotations
