@@ -33,7 +33,8 @@ A finished run is not run again: each run writes its result beside it
 (`eval_compare/compare_result.json`) with a key of what it depends on (the config file's text,
 the run's own overrides, budget and seed, its evaluation, the warm start's weights). The same
 command after a crash, or with an arm or seeds added, runs only what is missing; a run whose
-inputs changed is run again.
+inputs changed is run again. The code is not part of the key: after a change to the code a run
+depends on, point `--out` elsewhere (the warm start can be copied into it).
 """
 
 from __future__ import annotations
