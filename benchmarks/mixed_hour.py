@@ -21,7 +21,10 @@ one hour), measured from this script's start:
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
 
-    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
+    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--set KEY=VALUE ...]
+
+`--set` overrides the config in every stage (after the stage's own), e.g. SFT-only stages:
+`--set 'learner.algorithm={name: sft}' --set teacher=null`.
 
 Goal (issue: the seed's level on a laptop): eval50 >= 0.3 within 3,600 s on 2 cores (document
 000's Qwen3-14B with GRPO: 0.30-0.36); stretch 0.5.
@@ -89,6 +92,8 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
     parser.add_argument("--out", default="runs/mixed_hour")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every stage, after the stage's own (repeatable)")
     args = parser.parse_args()
     from jobs.config import load_config
     from jobs.train import JobConfig
@@ -99,6 +104,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
               f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
+    for stage in STAGES:  # a bad --set fails here, not an hour in
+        load_config(JobConfig, CONFIG, [*seeded, *stage.overrides, *args.set])
     model_path, curves = None, {}
     for i, stage in enumerate(STAGES):
         last = i == len(STAGES) - 1
@@ -108,7 +115,8 @@ def main() -> None:
             print(f"stage {stage.name}: skipped, {left:.0f} s left", flush=True)
             continue
         run_dir = out / stage.name
-        overrides = [*seeded, *stage.overrides, f"run.dir={run_dir}", f"run.max_wall_s={budget - JOB_START_S:.0f}"]
+        overrides = [*seeded, *stage.overrides, *args.set, f"run.dir={run_dir}",
+                     f"run.max_wall_s={budget - JOB_START_S:.0f}"]
         if stage.target is not None:
             overrides.append(f"run.target_eval_success={stage.target}")
         if model_path is not None:
