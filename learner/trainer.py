@@ -85,6 +85,9 @@ class LearnerConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(default=1.0, gt=0)
     warmup_steps: int = Field(default=0, ge=0)
+    """Steps from 0 up to `lr`. Like `total_steps`, counted in the steps that follow this schedule:
+    a step given its own rate (the warm start's SFT) does not move it, so a run's warmup still
+    happens after a warm start in the same job."""
     schedule: Literal["constant", "cosine"] = "constant"
     total_steps: int = Field(default=1000, ge=1)
     """Cosine schedule length."""
@@ -340,7 +343,8 @@ class Trainer:
                    lr: float | None = None) -> dict[str, float]:
         """One optimizer step on this rank's shard of the global batch; returns global stats.
 
-        `algorithm` and `lr` override the configured loss and the schedule's rate for this step.
+        `algorithm` and `lr` override the configured loss and the schedule's rate for this step
+        (a step at its own rate leaves the schedule where it was).
         """
         start = time.perf_counter()
         cfg = algorithm or self.config.algorithm
@@ -370,7 +374,8 @@ class Trainer:
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # The rate from this run's config at the schedule's position: the base rate a checkpoint's
         # scheduler state carries would override a resume's changed learner.lr (--allow-change).
-        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if lr is None else lr
+        scheduled = lr is None
+        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if scheduled else lr
         stats = sums.reduce(self._all_sum, self._all_max)
         # Both are global (all-reduced), so every rank takes the same branch.
         skipped = None if math.isfinite(stats["loss_sum"]) and math.isfinite(float(grad_norm)) else "nonfinite"
@@ -378,7 +383,8 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            self.scheduler.step()
+            if scheduled:
+                self.scheduler.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
         return {"version": self.version, "skipped": skipped, "loss": stats.pop("loss_sum") / global_units,

@@ -181,7 +181,10 @@ def test_a_step_may_override_the_loss_and_the_rate(trajectories):
     trainer = Trainer(LearnerConfig(lr=1e-3, warmup_steps=2), NANO)
     sft = trainer.train_step(sequences(trajectories), AlgorithmConfig(name="sft"), lr=0.02)
     assert sft["lr"] == 0.02 and sft["reverse_kl"] == 0.0  # SFT, although the learner's loss is OPD
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the schedule resumes (step 2 of 2)
+    # The schedule did not move: the next step is the first of its 2-step warmup (a warm start's
+    # SFT steps do not use up the run's warmup).
+    assert trainer.scheduler.last_epoch == 0
+    assert trainer.train_step(sequences(trajectories))["lr"] == pytest.approx(0.5e-3)
     assert trainer.train_step(sequences(trajectories))["lr"] == pytest.approx(1e-3)
 
 
