@@ -24,7 +24,8 @@ object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the t
     python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--set KEY=VALUE ...]
 
 `--set` overrides the config in every stage (after the stage's own), e.g. SFT-only stages:
-`--set 'learner.algorithm={name: sft}' --set teacher=null`.
+`--set 'learner.algorithm={name: sft}' --set teacher=null --set rollout.group_size=1` (one
+episode per task: the bot is deterministic).
 
 Goal (issue: the seed's level on a laptop): eval50 >= 0.3 within 3,600 s on 2 cores (document
 000's Qwen3-14B with GRPO: 0.30-0.36); stretch 0.5.
