@@ -105,8 +105,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
               f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
-    for stage in STAGES:  # a bad --set fails here, not an hour in
-        load_config(JobConfig, CONFIG, [*seeded, *stage.overrides, *args.set])
+    configured = {stage.name: [*seeded, *stage.overrides, *args.set] for stage in STAGES}
+    for overrides in configured.values():  # a bad --set fails here, not an hour in
+        load_config(JobConfig, CONFIG, overrides)
     model_path, curves = None, {}
     for i, stage in enumerate(STAGES):
         last = i == len(STAGES) - 1
@@ -116,8 +117,7 @@ def main() -> None:
             print(f"stage {stage.name}: skipped, {left:.0f} s left", flush=True)
             continue
         run_dir = out / stage.name
-        overrides = [*seeded, *stage.overrides, *args.set, f"run.dir={run_dir}",
-                     f"run.max_wall_s={budget - JOB_START_S:.0f}"]
+        overrides = [*configured[stage.name], f"run.dir={run_dir}", f"run.max_wall_s={budget - JOB_START_S:.0f}"]
         if stage.target is not None:
             overrides.append(f"run.target_eval_success={stage.target}")
         if model_path is not None:
