@@ -11,9 +11,11 @@ bot episodes, greedy. Arms (same student, data seeds, batch and budget):
 - `history`: no system message, the whole episode's history.
 
     python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
+        [--task-types go_to,pick_up] [--arms system_view,view,history]
 
-Ends with `RESULT held_acc_<arm>=... steps_<arm>=... majority=...` (majority: the most frequent
-bot action's share of the held-out turns, what a student ignoring the view can reach).
+Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=... majority=...` (act: the
+turns where the bot picks up, drops or toggles, the decisions that name an object; majority: the
+most frequent bot action's share of the held-out turns, what a student ignoring the view can reach).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ ARMS = {
     "history": {"history_window": "all", "tools": "compact", "system_message": False},
 }
 Sample = tuple[tuple[int, ...], tuple[int, ...]]
+INTERACTIONS = ("pick_up", "drop", "toggle")
 
 
 def bot_turns(tokenizer, loop: LoopConfig, env: BabyAITextConfig, first_seed: int, num_episodes: int) -> list[Sample]:
@@ -74,23 +77,26 @@ def padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 @torch.no_grad()
-def accuracy(model, samples: list[Sample], position: int) -> float:
+def correct(model, samples: list[Sample], position: int) -> list[bool]:
+    """Per sample: does the greedy tool-name token equal the bot's?"""
     model.eval()
-    correct = 0
+    hits = []
     for i in range(0, len(samples), 32):
         chunk = samples[i:i + 32]
         ids, mask, _ = padded(chunk)
         logits = model(input_ids=ids, attention_mask=mask).logits
-        correct += sum(int(logits[j, len(p) + position - 1].argmax()) == r[position] for j, (p, r) in enumerate(chunk))
+        hits += [int(logits[j, len(p) + position - 1].argmax()) == r[position] for j, (p, r) in enumerate(chunk)]
     model.train()
-    return correct / len(samples)
+    return hits
 
 
-def probe(args, arm: str) -> tuple[float, int, float]:
-    """Held-out accuracy after `args.seconds` of SFT, the steps taken, and the majority share."""
+def probe(args, arm: str) -> tuple[float, float, int, float]:
+    """Held-out accuracy after `args.seconds` of SFT (all turns, the interaction turns), the steps
+    taken, and the majority share."""
     tokenizer = load_tokenizer(ModelConfig(path=f"tiny:{args.preset}"))
     loop = LoopConfig(max_turns=20, prompt=ARMS[arm])
-    env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors, task_types=("go_to", "pick_up"))
+    env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
+                           task_types=tuple(args.task_types.split(",")))
     train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes)
     held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
     position = name_position(tokenizer)
@@ -111,11 +117,16 @@ def probe(args, arm: str) -> tuple[float, int, float]:
         optimizer.step()
         optimizer.zero_grad()
         steps += 1
-    acc = accuracy(model, held, position)
+    hits = correct(model, held, position)
+    acts = {tokenizer.encode(format_tool_call(ToolCall(name)), add_special_tokens=False)[position]
+            for name in INTERACTIONS}
+    act_hits = [hit for hit, (_, r) in zip(hits, held) if r[position] in acts]
+    acc, act_acc = sum(hits) / len(hits), sum(act_hits) / max(len(act_hits), 1)
     tokens = sum(len(p) + len(r) for p, r in train) / len(train)
-    print(f"{arm:<12} {tokens:>7.0f} tokens/turn {steps:>6} steps  held-out accuracy {acc:.3f}", flush=True)
+    print(f"{arm:<12} {tokens:>7.0f} tokens/turn {steps:>6} steps  held-out accuracy {acc:.3f} "
+          f"({act_acc:.3f} on {len(act_hits)} interaction turns)", flush=True)
     majority = max(Counter(r[position] for _, r in held).values()) / len(held)
-    return acc, steps, majority
+    return acc, act_acc, steps, majority
 
 
 def main() -> None:
@@ -124,6 +135,8 @@ def main() -> None:
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--room-size", type=int, default=6)
     parser.add_argument("--distractors", type=int, default=2)
+    parser.add_argument("--task-types", default="go_to,pick_up", help="comma-separated")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--train-episodes", type=int, default=2048)
     parser.add_argument("--held-episodes", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="turns per step")
@@ -131,10 +144,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {arm: probe(args, arm) for arm in ARMS}
-    majority = results["view"][2]  # the same bot episodes in every arm: only the prompt differs
-    print("RESULT " + " ".join(f"held_acc_{arm}={acc:.3f} steps_{arm}={steps}" for arm, (acc, steps, _) in results.items())
-          + f" majority={majority:.3f}")
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
+    results = {arm: probe(args, arm) for arm in arms}
+    majority = next(iter(results.values()))[3]  # the same bot episodes in every arm: only the prompt differs
+    print("RESULT " + " ".join(f"held_acc_{arm}={acc:.3f} held_acc_act_{arm}={act:.3f} steps_{arm}={steps}"
+                               for arm, (acc, act, steps, _) in results.items()) + f" majority={majority:.3f}")
 
 
 if __name__ == "__main__":

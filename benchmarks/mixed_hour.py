@@ -50,6 +50,11 @@ FINAL_EVAL_S = 90.0
 """Kept back from the last stage for the final eval50 run (a vLLM start and 50 greedy episodes)."""
 JOB_START_S = 60.0
 """A job's start before its wall clock (run.max_wall_s) begins: imports, Ray, actors, engine."""
+FILL_EPOCHS = 50
+"""Passes over a stage's demonstrations at most: enough that its time, not its data, ends its SFT."""
+STAGE_END_S = 60.0
+"""A stage's end after its clock: the evaluation that ends its warm start (40 tasks, or eval50 on
+the last stage), the checkpoint, the export, closing."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,13 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
     parser.add_argument("--out", default="runs/mixed_hour")
+    parser.add_argument("--sft-share", type=float, default=1.0,
+                        help="share of each stage's clock its warm start's SFT fills (the rest: the run's loop)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every stage, after the stage's own (repeatable)")
     args = parser.parse_args()
+    if not 0 < args.sft_share <= 1:
+        parser.error(f"--sft-share must be in (0, 1], got {args.sft_share}")
     from jobs.config import load_config
     from jobs.train import JobConfig
 
@@ -117,7 +126,12 @@ def main() -> None:
             print(f"stage {stage.name}: skipped, {left:.0f} s left", flush=True)
             continue
         run_dir = out / stage.name
-        overrides = [*configured[stage.name], f"run.dir={run_dir}", f"run.max_wall_s={budget - JOB_START_S:.0f}"]
+        clock = budget - JOB_START_S - STAGE_END_S
+        # The warm start's cosine ends with the stage's clock, or its share of it: the run's loop has the
+        # rest. (The run's clock starts before the warm start's: it would cut a warm start filling it.)
+        timing = (["run.steps=0"] if args.sft_share == 1 else [f"run.max_wall_s={clock:.0f}"])
+        overrides = [*configured[stage.name], f"run.dir={run_dir}", *timing,
+                     f"warm_start.max_wall_s={args.sft_share * clock:.0f}", f"warm_start.epochs={FILL_EPOCHS}"]
         if stage.target is not None:
             overrides.append(f"run.target_eval_success={stage.target}")
         if model_path is not None:

@@ -68,8 +68,8 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dir: str = "runs/train"
-    steps: int = Field(default=30, ge=1)
-    """Learner steps of the main loop (policy versions after the warm start)."""
+    steps: int = Field(default=30, ge=0)
+    """Learner steps of the main loop (policy versions after the warm start); 0: the warm start alone."""
     publish_every: int = Field(default=1, ge=1)
     eval_every: int = Field(default=10, ge=0)
     """0 disables periodic evaluation."""
@@ -187,6 +187,8 @@ class JobConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         algorithm = self.learner.algorithm
+        if self.run.steps == 0 and not self.warm_start.num_episodes:
+            raise ValueError("run.steps=0 trains the warm start alone, and there is none: set warm_start.num_episodes")
         if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None and not self.teacher_routes:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
         uses_judge = ALGORITHMS[algorithm.name].uses_judge(algorithm)

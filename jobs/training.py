@@ -326,7 +326,7 @@ class TrainingRun:
         resumed run goes on with the main loop.
         """
         from jobs.console import progress_bar
-        from jobs.warm_start import demonstrations, epoch_batches, num_steps, step_lr
+        from jobs.warm_start import demonstrations, epoch_batches, num_steps, progress, step_lr
         from learner.algorithms import AlgorithmConfig
         from models.loading import load_tokenizer
 
@@ -338,16 +338,20 @@ class TrainingRun:
                                f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
         total = num_steps(len(demos), ws)
         print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
-              f"({time.perf_counter() - start:.1f} s); {total} SFT steps", flush=True)
+              f"({time.perf_counter() - start:.1f} s); {total} SFT steps"
+              + (f" at most, {ws.max_wall_s:.0f} s in all" if ws.max_wall_s else ""), flush=True)
         sft = AlgorithmConfig(name="sft", aggregation=self.config.learner.algorithm.aggregation)
         rows = []
         # One bar, not a line per step (hundreds on the default); warm_start.parquet keeps each step.
         bar = progress_bar(total, "warm start: SFT", "step")
         base_lr = ws.lr or self.config.learner.lr
+        sft_start = time.perf_counter()
+        sft_s = None if ws.max_wall_s is None else ws.max_wall_s - (sft_start - start)
         for step, episodes in enumerate(epoch_batches(demos, ws)):
-            if should_stop():
+            done = progress(step, total, time.perf_counter() - sft_start, sft_s)
+            if should_stop() or done >= 1:
                 break
-            row = self._sft_step(episodes, sft, step_lr(step, total, base_lr, ws))
+            row = self._sft_step(episodes, sft, step_lr(done, base_lr, ws))
             if row is not None:
                 rows.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)

@@ -40,6 +40,12 @@ class WarmStartConfig(BaseModel):
     `name` token after `{"` (log-prob 0 -> -10.7 with no weight moving more than 0.004), and
     when the last step is one of them every tool call the warm-started policy writes is
     malformed (0.000 on 200 tasks; docs/babyai_text.md, "The warm start's rate decays")."""
+    max_wall_s: float | None = Field(default=None, gt=0)
+    """The warm start's own wall clock, demonstrations included: its SFT stops at this time even
+    with epochs left, and a cosine runs over the time left after the demonstrations, not over
+    the steps, so the rate reaches 0 when the time is up. A recipe with a wall-clock budget
+    (benchmarks/mixed_hour.py) sets it with `epochs` high enough to fill it. None: `epochs`
+    passes over the demonstrations."""
     seed: int = 0
     """Shuffling seed of the epochs."""
     export: bool = False
@@ -74,8 +80,18 @@ def num_steps(num_demonstrations: int, config: WarmStartConfig) -> int:
     return config.epochs * -(-num_demonstrations // config.batch_episodes)
 
 
-def step_lr(step: int, total: int, base: float, config: WarmStartConfig) -> float:
-    """The rate of warm-start step `step` (0-based) of `total`, from `base` (`lr` or learner.lr)."""
+def progress(step: int, total: int, elapsed_s: float, sft_s: float | None) -> float:
+    """How far the SFT is, in [0, 1) while it runs: `step` of `total`, or, with a time budget
+    (`sft_s`: max_wall_s less the demonstrations' time), the time spent `elapsed_s`."""
+    if sft_s is None:
+        return step / total
+    return elapsed_s / sft_s if sft_s > 0 else 1.0
+
+
+def step_lr(progress: float, base: float, config: WarmStartConfig) -> float:
+    """The warm start's rate at `progress` in [0, 1) (its steps or its time spent), from `base`
+    (`lr` or learner.lr)."""
+    assert 0 <= progress < 1, progress
     if config.lr_schedule == "constant":
         return base
-    return base * 0.5 * (1 + math.cos(math.pi * step / total))
+    return base * 0.5 * (1 + math.cos(math.pi * progress))

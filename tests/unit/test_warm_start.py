@@ -7,7 +7,7 @@ from actors.rollout_worker import RolloutConfig
 from buffer.expansion import expand, to_sequences
 from envs.babyai_text import BabyAITextConfig
 from envs.prompt import PromptConfig
-from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps, step_lr
+from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps, progress, step_lr
 from models.loading import ModelConfig, load_tokenizer
 
 
@@ -35,8 +35,17 @@ def test_epoch_batches_cover_every_episode_once_per_epoch():
 
 def test_the_warm_start_rate_decays_to_near_zero_by_its_last_step_unless_constant():
     cosine, constant = WarmStartConfig(), WarmStartConfig(lr_schedule="constant")
-    rates = [step_lr(i, 384, 0.002, cosine) for i in range(384)]
+    rates = [step_lr(i / 384, 0.002, cosine) for i in range(384)]
     assert rates[0] == 0.002 and all(a > b for a, b in zip(rates, rates[1:]))
     assert rates[-1] < 1e-4 * 0.002  # the clone's last steps cannot throw it far from where it settled
     assert rates[192] == pytest.approx(0.001)
-    assert {step_lr(i, 384, 0.002, constant) for i in range(384)} == {0.002}
+    assert {step_lr(i / 384, 0.002, constant) for i in range(384)} == {0.002}
+
+
+def test_a_time_bound_warm_start_runs_its_cosine_over_the_time_left_after_its_demonstrations():
+    assert progress(96, 384, elapsed_s=1e6, sft_s=None) == 0.25  # no budget: the steps count
+    assert progress(0, 384, elapsed_s=30.0, sft_s=120.0) == 0.25  # a budget: the time does, whatever the step
+    assert progress(383, 384, elapsed_s=119.0, sft_s=120.0) < 1 <= progress(384, 384, elapsed_s=120.0, sft_s=120.0)
+    assert progress(0, 384, elapsed_s=0.0, sft_s=-5.0) == 1.0  # the demonstrations used up the budget: no SFT
+    with pytest.raises(ValueError, match="max_wall_s"):
+        WarmStartConfig(max_wall_s=0)
