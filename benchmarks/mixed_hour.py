@@ -8,11 +8,14 @@ one hour), measured from this script's start:
    `starter` (6x6 room, no distractor, go_to and pick_up), `distractors` (2 distractors),
    `room` (8x8 room, 4 distractors), then `mixed` (the study's MixedTrainLocal with its six
    task types, the file as is).
-   Each begins with a short SFT on the bot's demonstrations of its level and goes on with OPD
-   against the oracle teacher (the bot's action at every state the student reaches: DAgger's
-   relabelling). A stage ends when its periodic evaluation reaches its target
-   (`run.target_eval_success`; measured success, not a fixed schedule) or its share of the
-   budget is spent; the last stage gets whatever is left;
+   Each clones the bot's demonstrations of its level (the warm start's SFT) for the whole of its
+   time, its rate's cosine ending with the stage (`warm_start.max_wall_s`, `run.steps=0`): the
+   measured alternative, a short SFT and then OPD against the oracle teacher or cloning at a
+   constant rate, lowered the success the SFT had reached (README). `--sft-share F < 1` keeps that
+   alternative: the SFT fills the share F of the stage, the config's algorithm (OPD against the
+   oracle teacher: DAgger's relabelling of the student's states) the rest, ending the stage early
+   when its periodic evaluation reaches the stage's target (`run.target_eval_success`). A stage
+   may use its share of the budget at most; the last stage gets whatever is left;
 2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
    20 turns, greedy): inside the budget;
 3. outside the budget, the floor and the ceiling on the same tasks: `policy=random` (a random
@@ -21,7 +24,8 @@ one hour), measured from this script's start:
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
 
-    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--set KEY=VALUE ...]
+    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--sft-share 1.0]
+        [--set KEY=VALUE ...]
 
 `--set` overrides the config in every stage (after the stage's own), e.g. SFT-only stages:
 `--set 'learner.algorithm={name: sft}' --set teacher=null --set rollout.group_size=1` (one
@@ -69,13 +73,16 @@ class Stage:
 
 _LOCAL = ("env.task_types=[go_to,pick_up]",)
 _STAGE_EVAL = ("run.eval_split=eval", "run.eval_every=10", "run.eval_tasks=40")
+# About one pass over its demonstrations in a stage's time at the measured rates on 2 cores
+# (6x6 room ~3.9 SFT steps/s, the 8x8 room ~2.6, the study's level ~1.2; 4 episodes a step):
+# 2,048 demonstrations cloned for a whole stage were passed over 3-4 times.
+_FILL = "warm_start.num_episodes=8192"
 STAGES = (
     Stage("starter", ("env.room_size=6", "env.num_distractors=0", *_LOCAL, *_STAGE_EVAL), 0.1, 0.8),
     # Binding the mission's words to one of several objects is what a student fails at first.
-    Stage("distractors", ("env.room_size=6", "env.num_distractors=2", *_LOCAL, *_STAGE_EVAL), 0.2, 0.6),
-    Stage("room", ("env.num_distractors=4", *_LOCAL, *_STAGE_EVAL), 0.2, 0.5),
-    # Six task types, longer episodes: more of the bot's episodes to clone.
-    Stage("mixed", ("warm_start.num_episodes=4096",), 1.0, None),
+    Stage("distractors", ("env.room_size=6", "env.num_distractors=2", *_LOCAL, *_STAGE_EVAL, _FILL), 0.2, 0.6),
+    Stage("room", ("env.num_distractors=4", *_LOCAL, *_STAGE_EVAL, _FILL), 0.2, 0.5),
+    Stage("mixed", (_FILL,), 1.0, None),
 )
 
 
