@@ -76,6 +76,16 @@ def padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ids, mask, labels
 
 
+def sft_step(model, optimizer, samples: list[Sample]) -> None:
+    """One optimizer step of cross-entropy on the samples' response tokens."""
+    ids, mask, labels = padded(samples)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 @torch.no_grad()
 def correct(model, samples: list[Sample], position: int) -> list[bool]:
     """Per sample: does the greedy tool-name token equal the bot's?"""
@@ -110,12 +120,7 @@ def probe(args, arm: str) -> tuple[float, float, int, float]:
             order = list(range(len(train)))
             rng.shuffle(order)
         batch, order = order[:args.batch], order[args.batch:]
-        ids, mask, labels = padded([train[i] for i in batch])
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        sft_step(model, optimizer, [train[i] for i in batch])
         steps += 1
     hits = correct(model, held, position)
     acts = {tokenizer.encode(format_tool_call(ToolCall(name)), add_special_tokens=False)[position]

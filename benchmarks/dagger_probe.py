@@ -43,9 +43,9 @@ from transformers import AutoModelForCausalLM
 
 from actors.agent_loop import ChatPrompter, EpisodeTask, LoopConfig, ModelPolicy, run_episodes
 from actors.engine import SamplingConfig
-from actors.expert import DemonstrationPolicy, _expert_call
+from actors.expert import _expert_call
 from actors.hf_engine import HFEngine
-from clone_probe import Sample, padded  # benchmarks/ is on sys.path when run as a script
+from clone_probe import Sample, bot_turns, sft_step  # benchmarks/ is on sys.path when run as a script
 from envs.babyai_text import BabyAITextConfig
 from envs.parser import format_tool_call
 from envs.registry import make_env
@@ -86,12 +86,6 @@ def policy(model, tokenizer, loop: LoopConfig, temperature: float, seed: int) ->
     return ModelPolicy(engine, tokenizer, SamplingConfig(temperature=temperature, max_new_tokens=24, seed=seed), loop)
 
 
-def bot_samples(tokenizer, loop, env, first_seed: int, n: int) -> list[Sample]:
-    tasks = [EpisodeTask("train", first_seed + i) for i in range(n)]
-    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, loop), loop, batch_size=32)
-    return [(t.prompt_ids, t.response_ids) for r in results if r.success for t in r.trajectory.turns]
-
-
 def evaluate(model, tokenizer, loop, env, num_tasks: int) -> tuple[float, dict[str, float], float]:
     """Greedy success overall and per task type, and `pick_up`'s share of the executed calls."""
     model.eval()
@@ -115,12 +109,7 @@ def train(model, optimizer, batches, seconds: float, lr: float, span: tuple[floa
         at = span[0] + (span[1] - span[0]) * done
         for group in optimizer.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * at))
-        ids, mask, labels = padded(batches())
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        sft_step(model, optimizer, batches())
         steps += 1
     return steps
 
@@ -157,7 +146,7 @@ def main() -> None:
                       prompt={"history_window": 0, "tools": "compact", "system_message": False})
     env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
                            task_types=tuple(args.task_types.split(",")))
-    bot = bot_samples(tokenizer, loop, env, 700_000_000, 4096)
+    bot = bot_turns(tokenizer, loop, env, 700_000_000, 4096)
     start = AutoModelForCausalLM.from_pretrained(args.model)
     results = {"start": evaluate(start, tokenizer, loop, env, args.eval_tasks)}
     print(f"start: {results['start']}", flush=True)

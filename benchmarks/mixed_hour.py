@@ -136,7 +136,7 @@ def main() -> None:
         clock = budget - JOB_START_S - STAGE_END_S
         # The warm start's cosine ends with the stage's clock, or its share of it: the run's loop has the
         # rest. (The run's clock starts before the warm start's: it would cut a warm start filling it.)
-        timing = (["run.steps=0"] if args.sft_share == 1 else [f"run.max_wall_s={clock:.0f}"])
+        timing = ["run.steps=0"] if args.sft_share == 1 else [f"run.max_wall_s={clock:.0f}"]
         overrides = [*configured[stage.name], f"run.dir={run_dir}", *timing,
                      f"warm_start.max_wall_s={args.sft_share * clock:.0f}", f"warm_start.epochs={FILL_EPOCHS}"]
         if stage.target is not None:
