@@ -21,7 +21,7 @@ instead, and the watchdog itself is nobody's child, or Ray would kill it first.
 starts a watchdog process holding the read end of a pipe whose write end only this process
 holds. The kernel closes the write end when this process ends, however it ends; the watchdog's
 read then returns, and it SIGKILLs every pid it was given that is still the same process (its
-start time unchanged) and every process group it was given, then exits. A group is named by its
+start time since boot unchanged) and every process group it was given, then exits. A group is named by its
 leader's pid; Linux does not hand out a pid while a group still carries it as its id, so a group
 whose leader is gone is still that group; one whose leader's pid now names another process (the
 group emptied and the pid was reused) is left alone. `Reaper.close` closes the write end itself:
@@ -60,8 +60,8 @@ class Reaper:
     process is gone, or at `close`."""
 
     def __init__(self, pids: list[int], process_groups: list[int] = ()) -> None:
-        processes = [(pid, psutil.Process(pid).create_time()) for pid in pids]
-        groups = [(leader, psutil.Process(leader).create_time()) for leader in process_groups]
+        processes = [(pid, _start_ticks(pid)) for pid in pids]
+        groups = [(leader, _start_ticks(leader)) for leader in process_groups]
         read_end, self._write_end = os.pipe()
         _OPEN.add(self._write_end)
         # Its own session: a signal to this process's group does not stop it before its work.
@@ -87,15 +87,27 @@ class Reaper:
             pass
 
 
-def _same(pid: int, started: float) -> bool | None:
+def _start_ticks(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field).
+
+    Not `psutil.Process.create_time()`: that adds the boot time as the wall clock now places it
+    (/proc/stat's `btime`, whole seconds), which moves when the clock is stepped or slewed, so one
+    process's start read twice a second apart can differ by a second. A CI run's watchdog exited
+    without killing a live child it was given, which only that explains. psutil's own process identity uses these ticks for the same reason."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[19])  # field 22 counted from the pid, 1-based; this list starts at field 3
+
+
+def _same(pid: int, started: int) -> bool | None:
     """Whether `pid` is still the process that started at `started`; None: no process has it."""
     try:
-        return psutil.Process(pid).create_time() == started
-    except psutil.NoSuchProcess:
+        return _start_ticks(pid) == started
+    except (FileNotFoundError, ProcessLookupError):
         return None
 
 
-def _watch(read_end: int, processes: list[tuple[int, float]], groups: list[tuple[int, float]]) -> None:
+def _watch(read_end: int, processes: list[tuple[int, int]], groups: list[tuple[int, int]]) -> None:
     """Block until the pipe's writer is gone, then kill what is left of `processes` and `groups`."""
     while os.read(read_end, 1):  # nothing is ever written: returns b"" at the writer's end
         pass
