@@ -271,6 +271,14 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
             prometheus.wait(timeout=60)
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
+        # `ray start` recorded its head as this machine's current cluster, which `ray stop` would
+        # have removed: left behind, a later bare `ray.init()` on the machine tries to join the
+        # dead head. Only the record naming this test's head is removed.
+        from ray._common.utils import get_ray_address_file
+
+        current = Path(get_ray_address_file(None))
+        if current.is_file() and current.read_text().strip() == f"127.0.0.1:{gcs}":
+            current.unlink()
 
     # The worker's vLLM engine core ran in processes of its own: none outlives the cluster
     # (cluster/reaper.py; one used to stay under init after this test).
