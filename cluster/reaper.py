@@ -21,10 +21,10 @@ instead, and the watchdog itself is nobody's child, or Ray would kill it first.
 starts a watchdog process holding the read end of a pipe whose write end only this process
 holds. The kernel closes the write end when this process ends, however it ends; the watchdog's
 read then returns, and it SIGKILLs every pid it was given that is still the same process (its
-start time since boot unchanged) and every process group it was given, then exits. A group is named by its
-leader's pid; Linux does not hand out a pid while a group still carries it as its id, so a group
-whose leader is gone is still that group; one whose leader's pid now names another process (the
-group emptied and the pid was reused) is left alone. `Reaper.close` closes the write end itself:
+start, in clock ticks since boot, unchanged) and every process group it was given, then exits. A
+group is named by its leader's pid; Linux does not hand out a pid while a group still carries it
+as its id, so a group whose leader is gone is still that group; one whose leader's pid now names
+another process (the group emptied and the pid was reused) is left alone. `Reaper.close` closes the write end itself:
 the owner's orderly close of what it started (the watchdog does not outlive it either). A fork
 copies every descriptor, and vLLM forks its engine cores where it may (its default off CPU,
 before CUDA is initialised; on CPU it spawns): a child this process forks closes its copies at
@@ -93,7 +93,8 @@ def _start_ticks(pid: int) -> int:
     Not `psutil.Process.create_time()`: that adds the boot time as the wall clock now places it
     (/proc/stat's `btime`, whole seconds), which moves when the clock is stepped or slewed, so one
     process's start read twice a second apart can differ by a second. A CI run's watchdog exited
-    without killing a live child it was given, which only that explains. psutil's own process identity uses these ticks for the same reason."""
+    without killing a live child it was given, which only that explains. psutil's own process
+    identity (`Process.__eq__`) uses these ticks for the same reason."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
     return int(fields[19])  # field 22 counted from the pid, 1-based; this list starts at field 3
