@@ -24,12 +24,12 @@ read then returns, and it SIGKILLs every pid it was given that is still the same
 start, in clock ticks since boot, unchanged) and every process group it was given, then exits. A
 group is named by its leader's pid; Linux does not hand out a pid while a group still carries it
 as its id, so a group whose leader is gone is still that group; one whose leader's pid now names
-another process (the group emptied and the pid was reused) is left alone. `Reaper.close` closes the write end itself:
-the owner's orderly close of what it started (the watchdog does not outlive it either). A fork
-copies every descriptor, and vLLM forks its engine cores where it may (its default off CPU,
-before CUDA is initialised; on CPU it spawns): a child this process forks closes its copies at
-once (os.register_at_fork), or the first engine's watchdog would wait for the second engine's
-core. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
+another process (the group emptied and the pid was reused) is left alone. `Reaper.close` closes
+the write end itself: the owner's orderly close of what it started (the watchdog does not
+outlive it either). A fork copies every descriptor, and vLLM forks its engine cores where it may
+(its default off CPU, before CUDA is initialised; on CPU it spawns): a child this process forks
+closes its copies at once (os.register_at_fork), or the first engine's watchdog would wait for
+the second engine's core. Tests: tests/unit/test_reaper.py, tests/unit/test_vllm_engine.py.
 """
 
 from __future__ import annotations
