@@ -1,5 +1,5 @@
-"""Fault drills on real `python -m jobs.train` runs (the embedded default with the nano model,
-a few short steps): SIGKILL of actors the job started, found among the job process's
+"""Fault drills on real `python -m jobs.train` runs (the embedded default with the nano model and
+the HF engine, a few short steps): SIGKILL of actors the job started, found among the job process's
 descendants by their Ray process titles (`ray::<Class>`)."""
 
 import contextlib
@@ -15,7 +15,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from test_train_job import IN_PROCESS, ROOT, SHORT, assert_loopback_only, free_port, listening_addresses, job_env
+from test_train_job import HF_ENGINE, ROOT, SHORT, assert_loopback_only, free_port, listening_addresses, job_env
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def stop_jobs_left_running():
 
 
 def short_run(run_dir, steps: int) -> list[str]:
-    return [*SHORT, f"run.dir={run_dir}", f"run.steps={steps}", f"run.metrics_port={free_port()}",
+    return [*SHORT, *HF_ENGINE, f"run.dir={run_dir}", f"run.steps={steps}", f"run.metrics_port={free_port()}",
             "run.eval_every=0", "run.checkpoint_every=2"]
 
 
@@ -258,7 +258,7 @@ def test_an_alfworld_run_survives_its_killed_environment_actors(tmp_path, alfwor
               # episodes are running in the actors when they are killed (at Δmax 2 admission
               # rightly waits until the learner has taken the resident samples).
               "buffer.max_staleness=4",
-              f"run.metrics_port={free_port()}", *IN_PROCESS, env={"ALFWORLD_DATA": str(alfworld_data)})
+              f"run.metrics_port={free_port()}", *HF_ENGINE, env={"ALFWORLD_DATA": str(alfworld_data)})
     job.wait_for("step    1 ", timeout_s=400)
     # The rollout set (and the eval set if started); what was resident at step 1 lasts a few
     # steps, so the later ones train on episodes played by the restarted actors.
@@ -298,7 +298,7 @@ def test_a_scienceworld_run_survives_a_killed_environment_actor_and_leaves_no_jv
     job = Job("--config", "jobs/configs/scienceworld_opd_tiny.yaml", "model.path=tiny:nano", "rollout.num_envs=2",
               "cluster.plan.env.count=4", "rollout.loop.max_turns=4", "rollout.sampling.max_new_tokens=16",
               "buffer.batch_size=4", "warm_start.num_episodes=0", "run.steps=4", "run.eval_every=4",
-              "run.eval_tasks=2", f"run.dir={run_dir}", f"run.metrics_port={port}", *IN_PROCESS)
+              "run.eval_tasks=2", f"run.dir={run_dir}", f"run.metrics_port={port}", *HF_ENGINE)
     job.wait_for("step    1 ", timeout_s=400)
     assert_loopback_only(listening_addresses(job.proc.pid), port)
     jvms = java_processes(job.proc.pid)

@@ -31,6 +31,14 @@ SHORT = ["--config", "jobs/configs/babyai_opd_tiny.yaml", "model.path=tiny:nano"
 own process: an engine starts in half the time (docs/vllm_cpu.md), and most of a short job is
 its start. The report a job writes at its end is drawn by the `ray job submit` test's resume
 only. The default, a separate engine-core process, is what that test submits (DEFAULT_ENGINE)."""
+HF_ENGINE = ["rollout.engine=hf"]
+"""For runs whose subject is not the rollout engine (an algorithm, a fault, an environment): the
+HF engine starts on ~3 s of CPU where vLLM's in-process engine takes ~12, 8.4 of them importing
+vllm (docs/architecture.md, "The test suite's time"), and a short job is mostly its start. vLLM
+stays under test where it is the subject or the default a user runs: the `ray job submit` run
+(its engine core a separate process) and its resume, the gpu-8 miniature (four bf16 engines,
+two vLLM teachers) and its resume, the plugin job (in-process, behind the gateway), the served
+judge, the remote teacher against the in-process backend, and tests/unit/test_vllm_engine.py."""
 
 
 def job_env():
@@ -349,7 +357,8 @@ def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=4",
                            "run.eval_every=0", f"run.metrics_port={free_port()}", "learner.algorithm.name=tcod",
-                           "learner.algorithm.tcod.mode=b2f", f"learner.algorithm.tcod.expert_path={experts}"],
+                           "learner.algorithm.tcod.mode=b2f", f"learner.algorithm.tcod.expert_path={experts}",
+                           *HF_ENGINE],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
@@ -401,7 +410,7 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
               "learner.algorithm.retirement.window=1",
               "learner.algorithm.retirement.gamma=0", "learner.algorithm.retirement.delta=-1000000",
               "run.eval_every=1"]
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *retire, *teacher, f"run.dir={run_dir}",
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *HF_ENGINE, *retire, *teacher, f"run.dir={run_dir}",
                            "run.steps=4", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -438,7 +447,7 @@ def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_
                            "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
                            "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
                            "judge.backend=http", "judge.serve.model.path=tiny:nano", "judge.serve.max_model_len=4096",
-                           "judge.http.max_tokens=16", "judge.http.max_retries=0", *IN_PROCESS],
+                           "judge.http.max_tokens=16", "judge.http.max_retries=0", *HF_ENGINE],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
@@ -463,7 +472,7 @@ def test_a_short_working_memory_run_trains_both_stages(tmp_path):
                            "warm_start.num_episodes=4", "warm_start.batch_episodes=2", "run.eval_every=2",
                            "learner.algorithm.drop_zero_variance_groups=false",
                            "run.eval_tasks=4", "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
-                           *IN_PROCESS],
+                           *HF_ENGINE],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
