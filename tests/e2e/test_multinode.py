@@ -67,12 +67,19 @@ def test_the_gpu8_opd_preset_in_miniature_trains_checkpoints_resumes_and_exports
                   [f"worker-{i}" for i in range(4)] + [f"teacher-{j}" for j in range(2)] + ["learner-0", "learner-1"]]
     assert sorted(gpu_actors.count(node) for node in gpu_nodes) == [4, 4]
 
+    # The resume continues both learner ranks' sharded checkpoint on the two nodes, with one
+    # rollout engine and one teacher instead of four and two (a plan change `--allow-change`
+    # accepts, tests/unit/test_config.py): what a resume adds is on the learner's side, each vLLM
+    # engine costs ~20 s of the two cores here, and the first run placed, fed and published to all six.
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
-    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=3",
+    smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1"]
+    resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "--allow-change",
+                              "cluster.plan.rollout.count,cluster.plan.teacher.count", "run.steps=3", *smaller,
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
                              text=True, timeout=900)
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-6000:]
+    assert "rollout  1 x (0.225 CPU, 1 GPU)" in out and "learner  2 x (0.225 CPU, 1 GPU)" in out
     assert "at version 2" in out and "step    3 " in out and "step    2 " not in out and '"final_version": 3' in out
 
     from transformers import AutoModelForCausalLM
