@@ -19,7 +19,7 @@ from models.loading import ModelConfig, load_tokenizer
 from teacher.backends import ScoreRequest
 from teacher.remote import RemoteConfig, RemoteTeacherBackend, RemoteTeacherError
 from cluster.local import free_port
-from tests.e2e.test_train_job import ROOT, SHORT, job_env
+from tests.e2e.test_train_job import HF_ENGINE, ROOT, SHORT, job_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 NANO = ModelConfig(path="tiny:nano")
@@ -70,7 +70,7 @@ def test_remote_logprobs_match_the_in_process_vllm_backend(server):
 
 def test_a_short_opd_run_scores_through_the_remote_teacher(server, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=3",
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *HF_ENGINE, f"run.dir={run_dir}", "run.steps=3",
                            "run.eval_every=0", f"run.metrics_port={free_port()}", "teacher.backend=remote",
                            f"teacher.remote.url={server.url}", f"teacher.remote.api_key_env={KEY}"], cwd=ROOT, env=job_env(), capture_output=True,
                           text=True, timeout=600)
