@@ -157,6 +157,24 @@ def _expert_random(rng: random.Random):
         handcoded_expert.random = saved
 
 
+TRANSLATIONS_KEPT = 4
+"""fast_downward translations a process keeps: a game's two (plain and optimised), for the
+current game and the one before."""
+
+
+def _translate_each_game_once() -> None:
+    """Keep fast_downward's last PDDL -> SAS translations in this process. textworld builds a
+    new game's state in `load` and again in the `reset` that follows, each time translating the
+    problem twice: four translations, of which two repeat, for half of a reset's time
+    (docs/alfworld.md). A translation is a function of its arguments only (it sets the
+    translator's options from them and returns a new task and SAS text), and textworld only
+    reads the task it returns."""
+    import fast_downward
+
+    if not hasattr(fast_downward.pddl2sas, "cache_info"):
+        fast_downward.pddl2sas = functools.lru_cache(maxsize=TRANSLATIONS_KEPT)(fast_downward.pddl2sas)
+
+
 class AlfWorldEnv:
     """One ALFWorld game at a time (TextWorld, with the package's hand-coded expert attached)."""
 
@@ -197,6 +215,7 @@ class AlfWorldEnv:
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
+        _translate_each_game_once()
         games = self._games(split)
         trial, task_type = games[seed % len(games)]
         if self._env is not None:

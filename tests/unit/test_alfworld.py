@@ -54,6 +54,21 @@ def test_reset_and_step_with_admissible_commands_checked(env, split):
     assert env.reset(7, split).task == reset.task
 
 
+def test_a_new_games_reset_translates_its_problem_once_per_option_and_a_repeat_not_at_all(env):
+    """textworld asks fast_downward for the same two translations in `load` and again in `reset`
+    (benchmarks/alfworld_reset.py: the shipped reset takes twice as long)."""
+    import fast_downward
+
+    env.reset(2, "valid_seen")
+    before = fast_downward.pddl2sas.cache_info()
+    env.reset(3, "valid_seen")
+    after = fast_downward.pddl2sas.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (2, 2)
+    env.reset(3, "valid_seen")  # the same game again: its translations were kept
+    again = fast_downward.pddl2sas.cache_info()
+    assert (again.misses - after.misses, again.hits - after.hits) == (0, 4)
+
+
 def test_the_step_limit_truncates_and_the_task_is_only_won_by_the_game(alfworld_data):
     env = make_env(parse_env_config({"name": "alfworld", "data_dir": str(alfworld_data), "max_steps": 3,
                                      "show_admissible": False}))
