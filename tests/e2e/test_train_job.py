@@ -418,9 +418,9 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
               "learner.algorithm.retirement.window=1",
               "learner.algorithm.retirement.gamma=0", "learner.algorithm.retirement.delta=-1000000",
               "run.eval_every=1"]
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *HF_ENGINE, *retire, *teacher, f"run.dir={run_dir}",
-                           "run.steps=4", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *HF_ENGINE, *retire, *teacher,
+                           f"run.dir={run_dir}", "run.steps=4", f"run.metrics_port={free_port()}"], cwd=ROOT,
+                          env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # SR_T is the built teacher's, read from teacher.json (not measured again).
     assert "teacher success (SR_T)" not in proc.stderr
