@@ -70,7 +70,8 @@ def test_the_gpu8_opd_preset_in_miniature_trains_checkpoints_resumes_and_exports
     # The resume continues both learner ranks' sharded checkpoint on the two nodes, with one
     # rollout engine and one teacher instead of four and two (a plan change `--allow-change`
     # accepts, tests/unit/test_config.py): what a resume adds is on the learner's side, each vLLM
-    # engine costs ~20 s of the two cores here, and the first run placed, fed and published to all six.
+    # engine costs ~20 s of the two cores here, and the first run placed all eight actors and
+    # published to all four engines.
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1"]
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "--allow-change",
