@@ -46,7 +46,11 @@ teacher reads the episode so far for each segment), and groups of 8 formed from 
 a candidate mechanism, not a rollout option: it prefers short episodes, measured as
 `short_bias` = turns per delivered episode over turns per planned episode (1.0: no bias), and in
 BabyAI short episodes are the successes, so it would inflate a group's mean reward and shrink
-its advantages' spread. The learner's cost counts each run of
+its advantages' spread. '8grp' is groups of 8 whose samples all count their staleness from the
+group's newest turn (`buffer.staleness_of: group`): Δmax then bounds how long a delivered group
+waits, not how old its turns are; its bias is measured as `turns_beyond_bound_frac` (the share of
+consumed turns whose own weights are more than Δmax versions behind the learner; 0 under `turn`
+by construction). The learner's cost counts each run of
 consecutive turns of one episode in a batch as one packed sequence whose head re-reads the
 episode's history (buffer.expansion.to_sequences): a segment, or an episode whose early turns
 were dropped as stale, pays for its prefix again. Why the group size matters at a bound of 2,
@@ -72,11 +76,11 @@ Goals (issue): groups of 8 async_over_sync_sim >= 2.8 and learner_idle_sim <= 0.
 published speedups: AReaL 2.77x, ROLL Flash 2.72x on agentic tasks, verl fully async 2.35-2.67x),
 stale_drop_frac_sim and stale_drop_frac_real <= 0.10, buffer_headroom_sim >= 20. RESULT's plain
 keys are the groups of 8; `_g1` keys the groups of 1, `_g1_seg` with segments, `_g8_plus2` the
-first 8 of 10 (its speedup is over its own synchronous run; the printout also gives it over the
-plain synchronous groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with
+first 8 of 10, `_g8_group` the group staleness tag (each speedup is over its own synchronous run;
+the printout also gives it over the plain synchronous groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with
 segments over its synchronous run.
 
-    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2]
+    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp]
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class Workload:
     extra_episodes: int = 0
     """k: each group starts G + k episodes and is formed from the first G to finish; the other k
     are cut (their tokens wasted). Biased towards short episodes: measured as `short_bias`."""
+    staleness_of: str | None = None
+    """buffer.staleness_of of this workload's runs with a bound > 0 (None: --staleness-of's)."""
 
 
 def plan_episode(rng: random.Random, work: Workload) -> list[int]:
@@ -334,12 +340,14 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     runs = [w.run.remote() for w in workers]
     started = time.monotonic()
     version, staleness = 0, Counter()
+    turn_lag = Counter()  # versions behind the learner of each consumed turn's own weights
     idle = 0.0
     consumed, measured_from, learner_tokens_total = 0, None, 0
     try:
         for step in range(num_steps):
             if step == warmup_steps:
                 measured_from, idle, consumed, staleness = time.monotonic(), 0.0, 0, Counter()
+                turn_lag = Counter()
                 learner_tokens_total = 0
             waited = time.monotonic()
             batch = None
@@ -351,7 +359,9 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
                     ray.get(failed)  # a worker's loop ended: raise its error
                 batch = got if batch is None else batch + got
             idle += time.monotonic() - waited
-            tokens = learner_tokens(fetch_samples(batch), div, work)
+            table = fetch_samples(batch)
+            turn_lag.update(version - v for v in table.column("policy_version").to_pylist())
+            tokens = learner_tokens(table, div, work)
             learner_tokens_total += tokens
             train_s = tokens / (cost.learner_tokens_per_s * cost.learner_gpus) + cost.learner_overhead_s
             time.sleep((train_s + cost.publish_s) * scale)
@@ -371,6 +381,8 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     sim_s = elapsed / scale
     return {"samples_per_s": consumed / sim_s, "learner_idle": idle / elapsed,
             "staleness": dict(sorted(staleness.items())), "dropped_stale": stats["num_dropped_stale"],
+            "turn_lag": dict(sorted(turn_lag.items())),
+            "turns_beyond_bound": sum(n for lag, n in turn_lag.items() if lag > max_staleness) / max(consumed, 1),
             "sim_s_per_step": sim_s / (num_steps - warmup_steps),
             "learner_tokens_per_sample": learner_tokens_total / max(consumed, 1),
             "segments_put": sum(s.get("segments_put", 0) for s in worker_stats),
@@ -390,12 +402,14 @@ def mean_turns(work: Workload, num: int = 100_000) -> float:
 
 
 def parse_workload(name: str) -> Workload:
-    """'8' groups of 8; '1seg' groups of 1 with segments; '8+2' groups of 8 formed from the first 8 of 10."""
-    segments = name.endswith("seg")
-    size, _, extra = name.removesuffix("seg").partition("+")
+    """'8' groups of 8; '1seg' groups of 1 with segments; '8+2' groups of 8 formed from the first 8 of 10;
+    '8grp' groups of 8 whose staleness counts from the group's newest turn (buffer.staleness_of: group)."""
+    segments, grouped = name.endswith("seg"), name.endswith("grp")
+    size, _, extra = name.removesuffix("seg").removesuffix("grp").partition("+")
     if segments and extra:
         raise ValueError(f"workload {name!r}: segments and extra episodes do not combine")
-    return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0))
+    return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0),
+                    staleness_of="group" if grouped else None)
 
 
 def result_suffix(work: Workload, first: bool) -> str:
@@ -403,7 +417,7 @@ def result_suffix(work: Workload, first: bool) -> str:
     if first:
         return ""
     return (f"_g{work.group_size}" + (f"_plus{work.extra_episodes}" if work.extra_episodes else "")
-            + ("_seg" if work.segments else ""))
+            + ("_seg" if work.segments else "") + (f"_{work.staleness_of}" if work.staleness_of else ""))
 
 
 def buffer_samples_per_s(work: Workload, num_groups: int = 100) -> float:
@@ -469,13 +483,13 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=10)
     parser.add_argument("--extra-bounds", type=int, nargs="*", default=[4],
                         help="more max_staleness values for the simulated cluster (printed, not in RESULT)")
-    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2"],
+    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2", "8grp"],
                         help="simulated workloads: episodes per group, 'seg' for rollout.segments (8: GRPO's G, "
                              "RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1; 1seg: OPD "
                              "delivered in segments, _g1_seg; 8+2: groups of 8 from the first 8 of 10 to finish, "
-                             "_g8_plus2)")
+                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
-    parser.add_argument("--staleness-of", choices=("turn", "episode"), default="turn",
+    parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
                              "from; the synchronous baseline always counts per turn)")
     args = parser.parse_args()
@@ -489,8 +503,9 @@ def main() -> None:
     try:
         for name, work in workloads.items():
             bounds = sorted({0, 2, *(args.extra_bounds if name == args.workloads[0] else ())})
+            tag = work.staleness_of or args.staleness_of
             sims[name] = {s: simulate(s, args.sim_steps, args.warmup_steps, cost, work, args.time_scale,
-                                      args.payload_div, "turn" if s == 0 else args.staleness_of)  # bound 0: per turn
+                                      args.payload_div, "turn" if s == 0 else tag)  # bound 0: per turn
                           for s in bounds}
             buffer_rate = buffer_samples_per_s(work)
             headroom[name] = buffer_rate / sims[name][2]["samples_per_s"]
@@ -505,7 +520,8 @@ def main() -> None:
                   f"{r['sim_s_per_step']:.1f} s/step, learner idle {r['learner_idle']:.3f}, "
                   f"{r['learner_tokens_per_sample']:.0f} learner tokens/sample, "
                   f"decoded {r['decoded_tokens_per_s']:.0f} tokens/s, consumed staleness {r['staleness']}, "
-                  f"dropped stale {r['dropped_stale']} ({r['stale_drop_frac']:.1%} of put), segments put "
+                  f"dropped stale {r['dropped_stale']} ({r['stale_drop_frac']:.1%} of put), consumed turns by their own "
+                  f"weights' versions behind {r['turn_lag']} ({r['turns_beyond_bound']:.1%} beyond the bound), segments put "
                   f"{r['segments_put']}, turns per delivered episode {r['delivered_turns_per_episode']:.2f} (planned "
                   f"{planned_turns[name]:.2f}), decoded tokens of cut episodes {r['wasted_frac']:.1%}; slowest "
                   f"engine behind its schedule by {r['lag']:.1%} of the run")
@@ -538,6 +554,8 @@ def main() -> None:
                  f"stale_drop_frac_sim{suffix}={sim[2]['stale_drop_frac']:.3f}"]
         if work.extra_episodes:
             keys.append(f"short_bias_sim{suffix}={sim[2]['delivered_turns_per_episode'] / planned_turns[name]:.2f}")
+        if (work.staleness_of or args.staleness_of) != "turn":
+            keys.append(f"turns_beyond_bound_frac_sim{suffix}={sim[2]['turns_beyond_bound']:.3f}")
     # The buffer's headroom is the smaller of the workloads' (small groups cost more calls per sample).
     # Past one machine, extrapolated, not simulated: N GPUs split as the preset (a quarter learners)
     # ask N/8 times the simulated learner's samples/s of the one buffer actor.

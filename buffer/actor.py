@@ -43,12 +43,16 @@ class BufferConfig(BaseModel):
     samples_per_episode_prior: float = Field(default=4.0, gt=0)
     """Expected samples per episode until the first episodes finish; a job sets it to the
     rollout's turn limit unless given (jobs.train.JobConfig)."""
-    staleness_of: Literal["turn", "episode"] = "turn"
+    staleness_of: Literal["turn", "episode", "group"] = "turn"
     """Which version Δmax counts from. turn: each sample's own (the weights that wrote that
     turn), so an episode longer than Δmax learner steps loses its early turns. episode: the
     version of its episode's last turn for every sample of the episode, so Δmax bounds how long
-    a finished episode waits; earlier turns may be older, which the learner's off-policy
-    correction (each token's own behaviour log-prob) accounts for (docs/algorithms.md §6)."""
+    a finished episode waits. group: the newest turn of the put that delivered it, for every
+    sample of the put (a group's final put holds the whole group, delivered when its slowest
+    episode ends: Δmax then bounds how long a delivered group waits; a segment counts from its
+    own newest turn). Under episode and group earlier turns may be older than Δmax, which the
+    learner's off-policy correction (each token's own behaviour log-prob) accounts for
+    (docs/algorithms.md §6)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class SampleBatch:
     """Row indices taken from each table, shape [num_tables][rows of that table]."""
     policy_versions: tuple[tuple[int, ...], ...]
     """The version staleness was counted from for each of those rows (BufferConfig.staleness_of:
-    the row's own policy version, or its episode's last), same shape as rows."""
+    the row's own policy version, its episode's last, or its put's newest), same shape as rows."""
 
     @property
     def num_samples(self) -> int:
@@ -183,7 +187,7 @@ class ReplayBuffer:
         self._next_key += 1
         # The buffer owns the copy it puts: a table outlives the worker that sent it.
         self._tables[key] = [ray.put(samples.data), len(rows), samples.num_bytes]
-        versions = samples.policy_versions if self.config.staleness_of == "turn" else samples.episode_versions
+        versions = staleness_versions(samples, self.config.staleness_of)
         evicted = self._ring.put([Entry(versions[row], (key, row)) for row in rows])
         self._new_data.set()
         self._export()
@@ -299,6 +303,15 @@ def encode_table(table: pa.Table) -> np.ndarray:
 def decode_table(data: np.ndarray) -> pa.Table:
     """Inverse of encode_table, without copying the buffers."""
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def staleness_versions(samples: EncodedSamples, staleness_of: str) -> tuple[int, ...]:
+    """The version Δmax counts from for each row of a put (BufferConfig.staleness_of), shape [num_samples]."""
+    if staleness_of == "turn":
+        return samples.policy_versions
+    if staleness_of == "episode":
+        return samples.episode_versions
+    return (max(samples.policy_versions),) * samples.num_samples
 
 
 def encode_trajectories(trajectories: list[Trajectory]) -> EncodedSamples:

@@ -86,7 +86,7 @@ class StepRecord:
     mean_staleness: float
     sample_versions: list[int]
     """Version each trained sample's staleness was counted from (buffer.staleness_of: its own
-    policy version, or its episode's last turn's), shape [num_samples]."""
+    policy version, its episode's last turn's, or its group's newest turn's), shape [num_samples]."""
     learner_step_s: float
     learner_idle_s: float
     """Time the learner waited for the batch."""

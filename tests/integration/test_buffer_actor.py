@@ -96,27 +96,30 @@ def test_staleness_filter_and_version_sweep(ray_mod):
         ray.get(buffer.get.remote(1, learner_version=1, timeout_s=0))
 
 
-def test_staleness_counted_per_episode_keeps_the_early_turns_of_a_long_episode(ray_mod):
+def test_staleness_counted_per_episode_or_group_keeps_the_early_turns(ray_mod):
     ray = ray_mod
-    # A 4-turn episode whose turns came from versions 0, 1, 2 and 3 (weights updated between turns).
+    # A 4-turn episode whose turns came from versions 0, 1, 2 and 3 (weights updated between turns),
+    # and a 1-turn episode of the same group that ended at version 1.
     long = trajectory("long", 4, 0)
     long = dataclasses.replace(long, turns=tuple(dataclasses.replace(t, policy_version=k)
                                                  for k, t in enumerate(long.turns)))
-    encoded = encode_trajectories([long, trajectory("short", 2, 3)])
-    assert encoded.policy_versions == (0, 1, 2, 3, 3, 3) and encoded.episode_versions == (3, 3, 3, 3, 3, 3)
+    encoded = encode_trajectories([long, trajectory("short", 2, 3), trajectory("early", 1, 1)])
+    assert encoded.policy_versions == (0, 1, 2, 3, 3, 3, 1) and encoded.episode_versions == (3, 3, 3, 3, 3, 3, 1)
     kept = {}
-    for staleness_of in ("turn", "episode"):
+    for staleness_of in ("turn", "episode", "group"):
         buffer = create_buffer_actor(BufferConfig(max_staleness=2, staleness_of=staleness_of))
         ray.get(buffer.put.remote(encoded))
         batch = ray.get(buffer.get.remote(10, learner_version=4, timeout_s=0.1))
         samples = table_to_samples(fetch_samples(batch))
         kept[staleness_of] = [(s.trajectory_id, s.turn_index, s.policy_version) for s in samples]
         # The batch says which version staleness was counted from; the samples keep their own.
-        assert [v for vs in batch.policy_versions for v in vs] == \
-            ([s.policy_version for s in samples] if staleness_of == "turn" else [3] * len(samples))
+        counted = {"turn": [s.policy_version for s in samples], "group": [3] * len(samples),
+                   "episode": [3 if s.trajectory_id != "early" else 1 for s in samples]}[staleness_of]
+        assert [v for vs in batch.policy_versions for v in vs] == counted
         ray.kill(buffer)
     assert kept["turn"] == [("long", 2, 2), ("long", 3, 3), ("short", 0, 3), ("short", 1, 3)]
     assert kept["episode"] == [("long", k, k) for k in range(4)] + [("short", 0, 3), ("short", 1, 3)]
+    assert kept["group"] == kept["episode"] + [("early", 0, 1)]
 
 
 @pytest.mark.parametrize("first_version", [0, 384])
