@@ -19,7 +19,10 @@ running`, plus the prefill of the turns' new tokens; a finished group is scored 
 teacher stand-ins (a queue each) while the engine goes on, then put into the buffer. The
 learner takes 512 samples (turns) per step and trains on their packed tokens at
 `learner_tokens_per_s` per GPU on 2 GPUs, then publishes weights (learner busy
-`publish_s`; each engine pauses `reload_s` to load them). Episodes are long-tailed: turns and
+`publish_s`; each engine pauses `reload_s` to load them, running turns then go on). Continuous
+batching and mid-turn reloads are what a streaming worker does; `RolloutWorker` generates in
+rounds (new weights and groups wait for a round's longest response), so these rates are those of
+the streaming worker, not of today's. Episodes are long-tailed: turns and
 response lengths are log-normal (capped at 20 turns and 512 tokens). Payloads put into the
 buffer are real trajectories whose token lists are `--payload-div` times shorter than the
 simulated ones (the learner scales them back), so the simulation runs on two cores.
@@ -150,6 +153,9 @@ class Workload:
     are cut (their tokens wasted). Biased towards short episodes: measured as `short_bias`."""
     staleness_of: str | None = None
     """buffer.staleness_of of this workload's runs with a bound > 0 (None: --staleness-of's)."""
+    rounds: bool = False
+    """Generate as RolloutWorker does: in rounds, one turn of every running episode each, a round
+    as long as its longest turn; admission and new weights only between rounds."""
 
 
 def plan_episode(rng: random.Random, work: Workload) -> list[int]:
@@ -231,7 +237,9 @@ class SimRolloutWorker:
         clock, start = 0.0, time.monotonic()  # simulated seconds; sleeps aim at absolute deadlines
         next_index, prefill = 0, 0
         while not self._stop:
-            while work.envs_per_worker - len(running) >= work.group_size + work.extra_episodes:
+            # Rounds: a turn in progress holds admission, new weights and every next turn back.
+            between = not work.rounds or all(ep["left"] is None for ep in running)
+            while between and work.envs_per_worker - len(running) >= work.group_size + work.extra_episodes:
                 lease = GroupLease(f"sim-{self.index}:{next_index}", f"sim-{self.index}", "train",
                                    next_index, work.group_size, next_index)
                 if not await self.buffer.admit_group.remote(lease):
@@ -244,7 +252,7 @@ class SimRolloutWorker:
                     running.append({"group": lease.group_id, "index": i, "plan": plan_episode(rng, work),
                                     "turn": 0, "left": None, "versions": [], "delivered": 0})
                     prefill += work.prompt_tokens
-            if self.pending > self.version:  # the engine pauses to load the new weights
+            if between and self.pending > self.version:  # the engine pauses to load the new weights
                 self.version = self.pending
                 clock += cost.reload_s
                 self.stats["reload_s"] += cost.reload_s
@@ -252,22 +260,26 @@ class SimRolloutWorker:
                 await asyncio.sleep(0.02)
                 clock = max(clock, (time.monotonic() - start) / self.scale)
                 continue
-            for ep in running:
+            for ep in running if between else ():
                 if ep["left"] is None:  # a turn starts with the weights loaded now
                     ep["left"] = ep["plan"][ep["turn"]]
                     ep["versions"].append(self.version)
+            decoding = [ep for ep in running if ep["left"] is not None]
             # Sixteen decode steps at a time (a sequence that ends inside them frees its slot at
             # the end: 8 steps late on average, a few % of a turn, alike in both arms).
             chunk = 16
-            step = chunk * (cost.decode_base_s + cost.decode_per_seq_s * len(running))
+            step = chunk * (cost.decode_base_s + cost.decode_per_seq_s * len(decoding))
             step += prefill / cost.prefill_tokens_per_s
             prefill = 0
             clock += step
-            self.stats["decoded_tokens"] += sum(min(chunk, ep["left"]) for ep in running)
+            self.stats["decoded_tokens"] += sum(min(chunk, ep["left"]) for ep in decoding)
             delay = start + clock * self.scale - time.monotonic()
             await asyncio.sleep(max(0.0, delay))
             still, cut = [], set()
             for ep in running:
+                if ep["left"] is None:  # its turn ended earlier in this round: it waits for the round's end
+                    still.append(ep)
+                    continue
                 ep["left"] = max(0, ep["left"] - chunk)
                 if ep["left"] > 0:
                     still.append(ep)
@@ -403,13 +415,14 @@ def mean_turns(work: Workload, num: int = 100_000) -> float:
 
 def parse_workload(name: str) -> Workload:
     """'8' groups of 8; '1seg' groups of 1 with segments; '8+2' groups of 8 formed from the first 8 of 10;
-    '8grp' groups of 8 whose staleness counts from the group's newest turn (buffer.staleness_of: group)."""
-    segments, grouped = name.endswith("seg"), name.endswith("grp")
-    size, _, extra = name.removesuffix("seg").removesuffix("grp").partition("+")
+    '8grp' groups of 8 whose staleness counts from the group's newest turn (buffer.staleness_of: group);
+    '8rnd' groups of 8 generated in rounds, as RolloutWorker does."""
+    segments, grouped, rounds = name.endswith("seg"), name.endswith("grp"), name.endswith("rnd")
+    size, _, extra = name.removesuffix("seg").removesuffix("grp").removesuffix("rnd").partition("+")
     if segments and extra:
         raise ValueError(f"workload {name!r}: segments and extra episodes do not combine")
     return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0),
-                    staleness_of="group" if grouped else None)
+                    staleness_of="group" if grouped else None, rounds=rounds)
 
 
 def result_suffix(work: Workload, first: bool) -> str:
@@ -417,7 +430,8 @@ def result_suffix(work: Workload, first: bool) -> str:
     if first:
         return ""
     return (f"_g{work.group_size}" + (f"_plus{work.extra_episodes}" if work.extra_episodes else "")
-            + ("_seg" if work.segments else "") + (f"_{work.staleness_of}" if work.staleness_of else ""))
+            + ("_seg" if work.segments else "") + (f"_{work.staleness_of}" if work.staleness_of else "")
+            + ("_rounds" if work.rounds else ""))
 
 
 def buffer_samples_per_s(work: Workload, num_groups: int = 100) -> float:
