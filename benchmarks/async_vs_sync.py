@@ -79,11 +79,12 @@ Goals (issue): groups of 8 async_over_sync_sim >= 2.8 and learner_idle_sim <= 0.
 published speedups: AReaL 2.77x, ROLL Flash 2.72x on agentic tasks, verl fully async 2.35-2.67x),
 stale_drop_frac_sim and stale_drop_frac_real <= 0.10, buffer_headroom_sim >= 20. RESULT's plain
 keys are the groups of 8; `_g1` keys the groups of 1, `_g1_seg` with segments, `_g8_plus2` the
-first 8 of 10, `_g8_group` the group staleness tag (each speedup is over its own synchronous run;
-the printout also gives it over the plain synchronous groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with
-segments over its synchronous run.
+first 8 of 10, `_g8_group` the group staleness tag, `_g8_rounds` generation in rounds (each
+speedup is over its own synchronous run; the printout also gives it over the plain synchronous
+groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with segments over its
+synchronous run.
 
-    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp]
+    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 8rnd]
 """
 
 from __future__ import annotations
@@ -426,7 +427,7 @@ def parse_workload(name: str) -> Workload:
 
 
 def result_suffix(work: Workload, first: bool) -> str:
-    """RESULT key suffix of a workload: none for the first (groups of 8), else _g1, _g1_seg, _g8_plus2."""
+    """RESULT key suffix of a workload: none for the first (groups of 8), else e.g. _g1, _g1_seg, _g8_plus2, _g8_rounds."""
     if first:
         return ""
     return (f"_g{work.group_size}" + (f"_plus{work.extra_episodes}" if work.extra_episodes else "")
@@ -497,11 +498,12 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=10)
     parser.add_argument("--extra-bounds", type=int, nargs="*", default=[4],
                         help="more max_staleness values for the simulated cluster (printed, not in RESULT)")
-    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2", "8grp"],
+    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2", "8grp", "8rnd"],
                         help="simulated workloads: episodes per group, 'seg' for rollout.segments (8: GRPO's G, "
                              "RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1; 1seg: OPD "
                              "delivered in segments, _g1_seg; 8+2: groups of 8 from the first 8 of 10 to finish, "
-                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group)")
+                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 8rnd: "
+                             "groups of 8 generated in rounds as RolloutWorker does, _g8_rounds)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
     parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
