@@ -53,7 +53,9 @@ its advantages' spread. '8grp' is groups of 8 whose samples all count their stal
 group's newest turn (`buffer.staleness_of: group`): Δmax then bounds how long a delivered group
 waits, not how old its turns are; its bias is measured as `turns_beyond_bound_frac` (the share of
 consumed turns whose own weights are more than Δmax versions behind the learner; 0 under `turn`
-by construction). The learner's cost counts each run of
+by construction). '8rnd' (and '1rnd') generate as `RolloutWorker` does: in rounds, each running
+episode's next turn starting only when every turn of the round has ended, admission and new
+weights only between rounds. The learner's cost counts each run of
 consecutive turns of one episode in a batch as one packed sequence whose head re-reads the
 episode's history (buffer.expansion.to_sequences): a segment, or an episode whose early turns
 were dropped as stale, pays for its prefix again. Why the group size matters at a bound of 2,
