@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.engine import InferenceEngine, SamplingConfig
+from actors.engine import Generation, InferenceEngine, SamplingConfig, stream_generations
 from buffer.contracts import Trajectory, Turn, are_logprobs
 from envs.parser import CALL_OPEN, ToolCallParser, format_tool_call
 from envs.privileged import PrivilegedConfig, PrivilegedContext
@@ -102,7 +102,10 @@ class Response:
     finish_reason: str = "stop"
     """'stop', 'length', or 'context' (the prompt no longer fits: nothing was generated)."""
     policy_version: int = 0
-    """Version of the weights that generated the response."""
+    """Version of the weights that started generating the response. Under continuous batching
+    (`EpisodeRunner.advance`) new weights can load mid-response: its later tokens are then
+    sampled by newer weights, and `logprobs` are those of the weights that sampled each token,
+    so the loss's importance ratios stay exact; this oldest version is what staleness counts."""
     replayed: bool = False
     """An expert call replayed into the episode (TCOD-B2F), not the policy's: never trained."""
 
@@ -266,32 +269,41 @@ class ModelPolicy:
 
     def respond(self, episodes: list[EpisodeState]) -> list[Response]:
         responses: list[Response | None] = [None] * len(episodes)
-        budgets: dict[int, list[int]] = {}
-        prompts = []
-        for i, ep in enumerate(episodes):
-            prompt = self.prompter.prompt_ids(ep, ep.policy_state)
-            prompts.append(prompt)
-            room = self.loop.max_context_tokens - len(prompt)
-            budget = self.loop.memory_max_new_tokens if ep.stage == "memory" else self.sampling.max_new_tokens
-            if len(ep.history) < len(ep.task.replay):
-                responses[i] = ep.policy_state = self.prompter.canonical_response(
-                    ep.task.replay[len(ep.history)], prompt, self.engine.version, replayed=True)
-            elif room < 1:
-                responses[i] = Response("", tuple(prompt), finish_reason="context",
-                                        policy_version=self.engine.version)
-            else:
-                budgets.setdefault(min(budget, room), []).append(i)
+        batches: dict[int, tuple[SamplingConfig, list[tuple[int, list[int]]]]] = {}
         version = self.engine.version
-        for max_new, indices in budgets.items():
-            sampling = self.sampling.model_copy(update={"max_new_tokens": max_new})
-            generations = self.engine.generate([prompts[i] for i in indices], sampling)
-            for i, g in zip(indices, generations):
-                responses[i] = Response(
-                    text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
-                    prompt_ids=tuple(prompts[i]), response_ids=g.token_ids, logprobs=g.logprobs,
-                    finish_reason=g.finish_reason, policy_version=version)
-                episodes[i].policy_state = responses[i]
+        for i, ep in enumerate(episodes):
+            asked = self.request(ep)
+            if isinstance(asked, Response):
+                responses[i] = asked
+            else:
+                prompt, sampling = asked
+                batches.setdefault(sampling.max_new_tokens, (sampling, []))[1].append((i, prompt))
+        for sampling, items in batches.values():
+            generations = self.engine.generate([prompt for _, prompt in items], sampling)
+            for (i, prompt), g in zip(items, generations):
+                responses[i] = self.response(episodes[i], prompt, g, version)
         return responses
+
+    def request(self, ep: EpisodeState) -> Response | tuple[list[int], SamplingConfig]:
+        """What an episode's next turn needs: a response at once (an expert call replayed, or
+        no room left in the context), or a generation of (prompt ids, sampling)."""
+        prompt = self.prompter.prompt_ids(ep, ep.policy_state)
+        if len(ep.history) < len(ep.task.replay):
+            ep.policy_state = self.prompter.canonical_response(
+                ep.task.replay[len(ep.history)], prompt, self.engine.version, replayed=True)
+            return ep.policy_state
+        room = self.loop.max_context_tokens - len(prompt)
+        if room < 1:
+            return Response("", tuple(prompt), finish_reason="context", policy_version=self.engine.version)
+        budget = self.loop.memory_max_new_tokens if ep.stage == "memory" else self.sampling.max_new_tokens
+        return prompt, self.sampling.model_copy(update={"max_new_tokens": min(budget, room)})
+
+    def response(self, ep: EpisodeState, prompt: list[int], g: Generation, version: int) -> Response:
+        """The response a generation for `request`'s prompt makes; `version`: the engine's when it started."""
+        ep.policy_state = Response(
+            text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True), prompt_ids=tuple(prompt),
+            response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason, policy_version=version)
+        return ep.policy_state
 
 
 class Pending:
@@ -324,6 +336,10 @@ class EpisodeRunner:
         self._acting: dict[int, tuple[Response, Any, Pending]] = {}
         """Slot -> (response, parsed, the environment step in flight) of episodes awaiting their environment."""
         self._finished: list[tuple[Any, EpisodeResult]] = []
+        self._stream: Iterator | None = None
+        """`advance`'s engine stream, suspended between calls with turns still generating."""
+        self._generating: set[int] = set()
+        """Slots of episodes whose turn is in the stream."""
         self.num_env_restarts = 0
         """Episodes started over because their environment's process died."""
         self._context = PrivilegedContext(config.privileged) if config.privileged.enabled else None
@@ -335,7 +351,11 @@ class EpisodeRunner:
         return len(self._free)
 
     def close(self) -> None:
-        """Nothing to release: the environments outlive the runner (a worker reuses its environment actors)."""
+        """Abort the turns `advance` left generating (the environments outlive the runner: a
+        worker reuses its environment actors)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     @property
     def num_active(self) -> int:
@@ -426,11 +446,61 @@ class EpisodeRunner:
                 return finished
             # Every environment call of the round is submitted before any is awaited.
             for ep, response in zip(ready, responses):
-                parsed, pending = _act(ep, self._parsers[ep.slot], response)
-                self._acting[ep.slot] = (response, parsed, pending)
+                self._respond(ep, response)
             self._collect(block=False)
         finished, self._finished = self._finished, []
         return finished
+
+
+    def advance(self, policy: ModelPolicy, interrupt: Callable[[], bool]) -> list[tuple[Any, EpisodeResult]]:
+        """Continuous batching, where `step` goes in rounds: an episode's next turn is asked for
+        as soon as its environment has answered and joins the engine's running batch (an engine
+        without one answers in rounds: actors.engine.stream_generations). Returns (tag, result)
+        of the episodes finished since the last call once there are some, or once `interrupt()`
+        (asked after each turn) says the caller needs the thread: new weights to load, room for
+        new episodes. The other episodes' turns stay in the engine, generating on the next call;
+        weights loaded meanwhile take over mid-turn (`Response.policy_version`)."""
+        if self._stream is None:
+            self._stream = stream_generations(policy.engine, lambda: self._requests(policy))
+        for (slot, prompt, version), g in self._stream:
+            self._generating.discard(slot)
+            ep = next(ep for ep in self.running if ep.slot == slot)
+            self._respond(ep, policy.response(ep, prompt, g, version))
+            self._collect(block=False)
+            if self._finished or interrupt():
+                break
+        else:  # no turn in the engine and none ready: the episodes left wait on their environments
+            self._stream = None
+            if self._acting or self._starting:
+                self._collect(block=True)
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _requests(self, policy: ModelPolicy) -> list[tuple[tuple[int, list[int], int], list[int], SamplingConfig]]:
+        """The stream's next requests, keyed (slot, prompt, the engine's version): the turns of the
+        episodes whose environment has answered. A response that needs no generation (a replayed
+        expert call) is acted on at once, and the episode asked again."""
+        requests = []
+        asked_again = True
+        while asked_again:
+            asked_again = False
+            self._collect(block=False)
+            for ep in self.running:
+                if ep.slot in self._acting or ep.slot in self._generating:
+                    continue
+                asked = policy.request(ep)
+                if isinstance(asked, Response):
+                    self._respond(ep, asked)
+                    asked_again = True
+                else:
+                    self._generating.add(ep.slot)
+                    requests.append(((ep.slot, asked[0], policy.engine.version), *asked))
+        return requests
+
+    def _respond(self, ep: EpisodeState, response: Response) -> None:
+        """Submit the environment call a response makes (taken in by `_collect`)."""
+        parsed, pending = _act(ep, self._parsers[ep.slot], response)
+        self._acting[ep.slot] = (response, parsed, pending)
 
 
 def run_episodes(make_env: Callable[[], TextEnv], tasks: list[EpisodeTask], policy: Policy, config: LoopConfig,

