@@ -467,14 +467,14 @@ def buffer_samples_per_s(work: Workload, num_groups: int = 100) -> float:
 
 
 def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = "turn",
-             segments: bool = False) -> dict:
+             segments: bool = False, generation: str = "stream") -> dict:
     """The embedded default through `python -m jobs.train`; rates from its metrics.parquet."""
     import pyarrow.parquet as pq
 
-    run_dir = workdir / f"staleness{max_staleness}{'_segments' if segments else ''}"
+    run_dir = workdir / f"staleness{max_staleness}{'_segments' if segments else ''}_{generation}"
     cmd = [sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_opd_tiny.yaml",
            f"buffer.max_staleness={max_staleness}", f"buffer.staleness_of={staleness_of}",
-           f"rollout.segments={str(segments).lower()}",
+           f"rollout.segments={str(segments).lower()}", f"rollout.generation={generation}",
            "warm_start.num_episodes=0", f"run.steps={steps}", "run.eval_every=0", f"run.dir={run_dir}",
            f"run.checkpoint_every={steps}", "run.eval_tasks=4", "run.metrics_port=null"]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -507,6 +507,7 @@ def main() -> None:
                              "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 8rnd: "
                              "groups of 8 generated in rounds as RolloutWorker does, _g8_rounds)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
+    parser.add_argument("--skip-sim", action="store_true", help="only the real runs")
     parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
                              "from; the synchronous baseline always counts per turn)")
@@ -516,7 +517,7 @@ def main() -> None:
     cost = CostModel()
     init_local_ray(num_cpus=2)
     sims, headroom = {}, {}
-    workloads = {name: parse_workload(name) for name in args.workloads}
+    workloads = {name: parse_workload(name) for name in ([] if args.skip_sim else args.workloads)}
     planned_turns = {name: mean_turns(work) for name, work in workloads.items()}
     try:
         for name, work in workloads.items():
@@ -550,19 +551,24 @@ def main() -> None:
     real = {}
     if not args.skip_real:
         with tempfile.TemporaryDirectory() as tmp:
-            arms = {"0": (0, False), "2": (2, False), "2seg": (2, True)}
-            real = {name: real_run(s, args.real_steps, Path(tmp), "turn" if s == 0 else args.staleness_of, seg)
-                    for name, (s, seg) in arms.items()}
+            arms = {"0": (0, False, "stream"), "2": (2, False, "stream"), "2seg": (2, True, "stream"),
+                    "0rnd": (0, False, "rounds"), "2rnd": (2, False, "rounds")}
+            real = {name: real_run(s, args.real_steps, Path(tmp), "turn" if s == 0 else args.staleness_of, seg, gen)
+                    for name, (s, seg, gen) in arms.items()}
         for name, r in real.items():
-            print(f"real tiny default (2 cores), max_staleness={name.removesuffix('seg')}"
-                  f"{' with rollout.segments' if name.endswith('seg') else ''}: {r['samples_per_s']:.2f} "
+            print(f"real tiny default (2 cores), max_staleness={name[0]}"
+                  f"{' with rollout.segments' if name.endswith('seg') else ''}"
+                  f"{', generation in rounds' if name.endswith('rnd') else ''}: {r['samples_per_s']:.2f} "
                   f"samples/s, learner idle {r['learner_idle']:.3f}, consumed staleness {r['staleness']}, "
                   f"dropped stale {r['dropped_stale']} ({r['stale_drop_frac']:.1%})")
-    ratio_real = "skipped async_over_sync_real_seg=skipped stale_drop_frac_real=skipped"
+    ratio_real = ("skipped async_over_sync_real_seg=skipped stale_drop_frac_real=skipped "
+                  "stream_over_rounds_real=skipped stream_over_rounds_real_sync=skipped")
     if real:
         ratio_real = (f"{real['2']['samples_per_s'] / real['0']['samples_per_s']:.2f} async_over_sync_real_seg="
                       f"{real['2seg']['samples_per_s'] / real['0']['samples_per_s']:.2f} stale_drop_frac_real="
-                      f"{real['2']['stale_drop_frac']:.3f} stale_drop_frac_real_seg={real['2seg']['stale_drop_frac']:.3f}")
+                      f"{real['2']['stale_drop_frac']:.3f} stale_drop_frac_real_seg={real['2seg']['stale_drop_frac']:.3f} stream_over_rounds_real="
+                      f"{real['2']['samples_per_s'] / real['2rnd']['samples_per_s']:.2f} stream_over_rounds_real_sync="
+                      f"{real['0']['samples_per_s'] / real['0rnd']['samples_per_s']:.2f}")
     keys = []
     for k, (name, sim) in enumerate(sims.items()):
         work = workloads[name]
@@ -577,7 +583,7 @@ def main() -> None:
     # The buffer's headroom is the smaller of the workloads' (small groups cost more calls per sample).
     # Past one machine, extrapolated, not simulated: N GPUs split as the preset (a quarter learners)
     # ask N/8 times the simulated learner's samples/s of the one buffer actor.
-    worst = min(headroom.values())
+    worst = min(headroom.values(), default=float("nan"))
     print(f"RESULT async_over_sync_real={ratio_real} {' '.join(keys)} buffer_headroom_sim={worst:.1f} "
           f"buffer_headroom_extrapolated_64={worst / 8:.2f} buffer_headroom_extrapolated_512={worst / 64:.2f}")
 
