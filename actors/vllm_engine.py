@@ -243,8 +243,10 @@ class VLLMEngine:
                     keys[request_id] = key
                 if not keys:
                     return
-                finished = self._mailbox + [out for out in engine.step() if out.finished]
-                self._mailbox = []
+                if self._mailbox:  # stepping first could wait forever: they may be all it had in flight
+                    finished, self._mailbox = self._mailbox, []
+                else:
+                    finished = [out for out in engine.step() if out.finished]
                 for out in finished:
                     yield keys.pop(out.request_id), self._generation(out)
         finally:

@@ -172,3 +172,11 @@ def test_a_suspended_stream_survives_a_generate_beside_it_and_new_weights_under_
     assert 1 <= switch < len(g.token_ids) - 1, (by_old, by_new)
     assert by_old[:switch].all() and by_new[switch + 1:].all(), (by_old, by_new)
     assert list(stream) == [] and not engine.llm.llm_engine.has_unfinished_requests()
+    # A `generate` beside it that outlasts every request the stream had in flight: they wait in its
+    # mailbox (the engine core has nothing left to step for them: a step would wait forever).
+    waves = [[("short", prompts[2], short), ("two", prompts[1], SamplingConfig(temperature=0.0, max_new_tokens=4))]]
+    stream = engine.stream(lambda: waves.pop(0) if waves else [])
+    assert next(stream)[0] == "short"
+    engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=16))
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert [key for key, _ in stream] == ["two"]
