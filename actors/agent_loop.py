@@ -1,8 +1,10 @@
 """The multi-turn agent loop over the `TextEnv` seam, batched across environments.
 
 Each round, every unfinished episode asks the policy for a response, all at once (one
-batched generation for a model); each response is parsed and, when it yields a call,
-executed in its environment. An episode ends when the environment says done, after
+batched generation for a model); or, with continuous batching (`EpisodeRunner.advance`),
+each episode asks as soon as its environment has answered and its request joins the
+engine's running batch. Each response is parsed and, when it yields a call, executed in
+its environment. An episode ends when the environment says done, after
 `max_turns` turns, or when its prompt no longer fits the context (recorded as a
 truncation). Model responses are recorded as `Turn`s and every finished episode becomes
 a `Trajectory`.
@@ -314,13 +316,15 @@ class Pending:
 
 
 class EpisodeRunner:
-    """Episodes in flight over a fixed set of environment slots, advanced one batched round at a time.
+    """Episodes in flight over a fixed set of environment slots, advanced in batched rounds
+    (`step`) or by continuous batching (`advance`, the rollout worker's default).
 
     A round generates for every episode whose environment has answered, then submits their calls.
     In-process environments answer at once, so every running episode takes part in every round.
     Environments in their own processes (actors.env_actor) answer later: an episode whose step
     (or game load) is still running sits the round out instead of holding the batch back, and
-    a round waits only when no episode is ready at all.
+    a round waits only when no episode is ready at all. `advance` asks for each episode's next
+    turn the moment its environment answers, with the same bookkeeping.
     """
 
     def __init__(self, make_env: Callable[[], TextEnv], num_slots: int, config: LoopConfig) -> None:
@@ -450,7 +454,6 @@ class EpisodeRunner:
             self._collect(block=False)
         finished, self._finished = self._finished, []
         return finished
-
 
     def advance(self, policy: ModelPolicy, interrupt: Callable[[], bool]) -> list[tuple[Any, EpisodeResult]]:
         """Continuous batching, where `step` goes in rounds: an episode's next turn is asked for
