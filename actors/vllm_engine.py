@@ -190,8 +190,8 @@ class VLLMEngine:
             return []
         return [self._generation(out) for out in self._run(prompts, self._params(prompts, sampling))]
 
-    def _run(self, prompts: list[list[int]], params: list | Any) -> list:
-        """vLLM's outputs of one call, in prompt order. Beside a suspended `stream` (its requests
+    def _run(self, prompts: list[list[int]], params: list) -> list:
+        """vLLM's outputs of one call (`params`: one per prompt), in prompt order. Beside a suspended `stream` (its requests
         still in the engine) it steps the engine itself: `LLM.generate` would run the stream's
         requests to their end and return their outputs among its own; here those finish into
         the stream's mailbox instead, which hands them out when it is read again."""
@@ -204,7 +204,7 @@ class VLLMEngine:
         ids = []
         for i, prompt in enumerate(inputs):
             ids.append(str(next(self.llm.request_counter)))
-            engine.add_request(ids[-1], prompt, params[i] if isinstance(params, list) else params)
+            engine.add_request(ids[-1], prompt, params[i])
         done: dict[str, Any] = {}
         while len(done) < len(ids):
             for out in engine.step():
@@ -289,7 +289,7 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=1.0)
-        outputs = self._run(sequences, params)
+        outputs = self._run(sequences, [params] * len(sequences))
         return [(list(out.prompt_token_ids),
                  [None if row is None else {t: (item.rank, float(item.logprob)) for t, item in row.items()}
                   for row in out.prompt_logprobs])

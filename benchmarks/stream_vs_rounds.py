@@ -7,8 +7,8 @@ The tiny random-init student almost never emits its end-of-turn token, so each o
 runs to its token budget; to give turns the spread of lengths a trained model's have (they are
 what a round waits for), each turn's budget is drawn log-normal (median `--median-tokens`,
 sigma `--sigma`, capped at `--max-tokens`), keyed by (episode seed, turn), so both arms play the
-same lengths; a round is one batch of its turns, each with its own budget. Same tasks, same engine, arms alternated `--repeats` times; the first pass of
-each is a warm-up and not counted.
+same lengths; a round is one batch of its turns, each with its own budget. Same tasks, same
+engine, arms alternated `--repeats` times; the first pass of each is a warm-up and not counted.
 
     python benchmarks/stream_vs_rounds.py [--envs 16] [--episodes 64] [--turns 6] [--repeats 2]
 """
