@@ -46,6 +46,7 @@ else
   step benchmarks/gpu_rollout.py --shape qwen3-1.7b
 fi
 echo "+ pytest -m gpu" | tee -a "$OUT/log.txt"
-$PYTHON -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_gpu.py >> "$OUT/log.txt" 2>&1 || status=1
+# The device has no pytest-xdist: the repository's addopts (two workers) are replaced.
+$PYTHON -m pytest -q -p no:cacheprovider -o addopts="-ra --strict-markers" -m gpu tests/unit/test_gpu.py >> "$OUT/log.txt" 2>&1 || status=1
 tail -1 "$OUT/log.txt" | tee -a "$OUT/results.txt"
 exit $status

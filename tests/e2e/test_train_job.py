@@ -21,6 +21,7 @@ import yaml
 from cluster.local import LOOPBACK_ENV, free_port
 from jobs.report import FIGURES
 from jobs.status import live_status_lines
+from tests.conftest import TEST_PROCESS_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["rollout.vllm.in_process=true"]
@@ -154,12 +155,23 @@ def prometheus_api(port: int, path: str) -> list:
     return answer["data"]
 
 
+def started_by_this_pytest(process: psutil.Process) -> bool:
+    """Whether `process` descends from this pytest process by environment (tests/conftest.py's
+    TEST_PROCESS_VAR, which every process a test starts inherits, through Ray's raylet and vLLM's
+    engine core too): the other pytest-xdist worker's jobs run beside this one's."""
+    try:
+        return process.environ().get(TEST_PROCESS_VAR) == os.environ[TEST_PROCESS_VAR]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def vllm_processes_since(start: float) -> list[tuple[int, str]]:
-    """vLLM's own processes (`VLLM::EngineCore`, `VLLM::Worker`) started after `start` (time.time())."""
+    """vLLM's own processes (`VLLM::EngineCore`, `VLLM::Worker`) this pytest process's tests started
+    after `start` (time.time())."""
     found = []
     for process in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = process.info["cmdline"] or [""]
-        if cmdline[0].startswith("VLLM::") and process.info["create_time"] >= start:
+        if cmdline[0].startswith("VLLM::") and process.info["create_time"] >= start and started_by_this_pytest(process):
             found.append((process.pid, cmdline[0]))
     return found
 
@@ -441,9 +453,9 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
 
 
 def api_servers() -> set[int]:
-    """Pids of running vLLM OpenAI-compatible servers."""
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    return {int(line.split()[0]) for line in ps.splitlines() if "vllm.entrypoints.openai.api_server" in line}
+    """Pids of running vLLM OpenAI-compatible servers that this pytest process's tests started."""
+    return {p.pid for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints.openai.api_server" in (p.info["cmdline"] or []) and started_by_this_pytest(p)}
 
 
 def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_path):
