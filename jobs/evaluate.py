@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.agent_loop import EpisodeResult, EpisodeTask, LoopConfig
 from actors.engine import SamplingConfig
+from actors.vllm_engine import VLLMConfig
 from envs.protocol import TextEnv, ToolCall
 from envs.registry import EnvSection, default_env_config, make_env
 from jobs.config import config_from_cli
@@ -39,6 +40,9 @@ class EvaluateConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     engine: Literal["hf", "vllm"] = "vllm"
     """Inference engine of policy=model (see RolloutConfig.engine)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """How engine=vllm starts (dtype, context length, its engine core in this process or its own):
+    as a training job's `rollout.vllm`."""
     env: EnvSection = Field(default_factory=default_env_config)
     """The environment (`name` picks a registered one), as in a training job's `env` section."""
     loop: LoopConfig = LoopConfig()
@@ -163,7 +167,7 @@ def build_policy(config: EvaluateConfig):
     from models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(config.model)
-    rollout = RolloutConfig(engine=config.engine, num_threads=config.num_threads)
+    rollout = RolloutConfig(engine=config.engine, num_threads=config.num_threads, vllm=config.vllm)
     return ModelPolicy(build_engine(rollout, config.model, tokenizer), tokenizer, config.sampling, config.loop)
 
 

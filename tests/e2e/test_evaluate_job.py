@@ -21,8 +21,10 @@ def run_job(*args, cwd=ROOT):
 
 def test_zero_shot_model_evaluation(tmp_path):
     out = tmp_path / "eval"
+    # The engine core in the job's process: half the start of vLLM's own process (docs/vllm_cpu.md),
+    # which the `ray job submit` test's rollout worker runs.
     proc = run_job("model.path=tiny:nano", "num_tasks=6", "loop.max_turns=2", "batch_size=3",
-                   "sampling.max_new_tokens=12", f"output_dir={out}")
+                   "sampling.max_new_tokens=12", "vllm.in_process=true", f"output_dir={out}")
     assert proc.returncode == 0, proc.stderr
     assert "overall" in proc.stdout and "policy=model split=eval50 episodes=6" in proc.stdout
     results = json.loads((out / "results.json").read_text())

@@ -82,18 +82,20 @@ def assert_quiet_console(out: str, run_dir: Path) -> None:
     assert len(THIRD_PARTY_WARNING.findall(kept)) >= 3  # the engine's start prints several
 
 
-def test_bad_job_config_fails_before_any_actor(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "learner.algorithm.name=opd", "teacher=null",
-                           f"run.dir={tmp_path}"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "needs a teacher" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "rollout.num_env=3"], cwd=ROOT, env=job_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "unknown key 'rollout.num_env'" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--dry-run", "env.name=nope"], cwd=ROOT, env=job_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "env.name: unknown environment 'nope'; known environments: ['alfworld', 'babyai_text', 'gateway', 'scienceworld']" \
-        in proc.stderr
-    # Checks that need the machine: still one line each, before Ray or any actor starts.
+def test_bad_job_config_fails_before_any_actor(tmp_path, capsys):
+    from jobs.train import main
+
+    # Errors in the config alone: `main` as `python -m jobs.train` calls it (exit code, stderr),
+    # in this process, since they are found before anything starts.
+    assert main(["learner.algorithm.name=opd", "teacher=null", f"run.dir={tmp_path}"]) == 2
+    assert "needs a teacher" in capsys.readouterr().err
+    assert main(["rollout.num_env=3"]) == 2
+    assert "unknown key 'rollout.num_env'" in capsys.readouterr().err
+    assert main(["--dry-run", "env.name=nope"]) == 2
+    assert "env.name: unknown environment 'nope'; known environments: ['alfworld', 'babyai_text', 'gateway', 'scienceworld']" \
+        in capsys.readouterr().err
+    # Checks that need the machine, in the job's own process: still one line each, before Ray or
+    # any actor starts.
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
