@@ -56,6 +56,9 @@ def init_local_ray(num_cpus: int, include_dashboard: bool = False, dashboard_por
         num_gpus=0,
         _node_ip_address=LOOPBACK_IP,
         include_dashboard=include_dashboard,
+        # A job's actors run in workers started with its runtime env; the default workers Ray
+        # starts for a first driver are never used (docs/architecture.md, "Costs").
+        _system_config={"prestart_worker_first_driver": False},
         dashboard_host=LOOPBACK_IP,
         dashboard_port=dashboard_port,
         runtime_env={**(runtime_env or {}),

@@ -68,14 +68,14 @@ def test_the_gpu8_opd_preset_in_miniature_trains_checkpoints_resumes_and_exports
     assert sorted(gpu_actors.count(node) for node in gpu_nodes) == [4, 4]
 
     # The resume continues both learner ranks' sharded checkpoint on the two nodes, with one
-    # rollout engine and one teacher instead of four and two (a plan change `--allow-change`
-    # accepts, tests/unit/test_config.py): what a resume adds is on the learner's side, each vLLM
-    # engine costs ~20 s of the two cores here, and the first run placed all eight actors and
-    # published to all four engines.
+    # rollout worker and one teacher instead of four and two, both on HF instead of vLLM (changes
+    # `--allow-change` accepts, tests/unit/test_config.py): what a resume adds is on the learner's
+    # side, each vLLM engine costs ~20 s of the two cores here, and the first run placed all eight
+    # actors and published to all four vLLM engines.
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
-    smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1"]
+    smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1", "rollout.engine=hf", "teacher.backend=hf"]
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "--allow-change",
-                              "cluster.plan.rollout.count,cluster.plan.teacher.count", "run.steps=3", *smaller,
+                              ",".join(key.partition("=")[0] for key in smaller), "run.steps=3", *smaller,
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
                              text=True, timeout=900)
     out = resumed.stdout + resumed.stderr
