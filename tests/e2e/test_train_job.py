@@ -200,9 +200,12 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
     venv_bin = str(Path(sys.executable).parent)
     env = {**job_env(), "PATH": ":".join(p for p in os.environ.get("PATH", "").split(":") if p != venv_bin)}
-    gcs, dashboard, ray_metrics = free_port(), free_port(), free_port()
+    gcs, dashboard, ray_metrics, agent = free_port(), free_port(), free_port(), free_port()
+    # The agent's port too: its default (52365) is every node's, and a node the other pytest
+    # worker runs holds it; an agent that cannot bind it takes no job ("No available agent").
     start = (f"{start} --block --port={gcs} --dashboard-port={dashboard} --num-cpus=2 "
-             f"--metrics-export-port={ray_metrics} --include-dashboard=true --disable-usage-stats")
+             f"--metrics-export-port={ray_metrics} --dashboard-agent-listen-port={agent} --include-dashboard=true "
+             f"--disable-usage-stats")
     head = subprocess.Popen(["bash", "-c", f"{activate} && {start}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ray_bin = Path(sys.executable).with_name("ray")
