@@ -1,5 +1,4 @@
-"""Shared test settings: one torch thread, a per-session model cache, the gpu marker, the mark
-on the processes this pytest process's tests start."""
+"""Shared test settings: one torch thread, a per-session model cache, the gpu marker."""
 
 from __future__ import annotations
 
@@ -10,10 +9,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-TEST_PROCESS_VAR = "APPRENTICE_TEST_PROCESS"
-"""This pytest process's pid, inherited by every process its tests start: checks for processes a
-test left behind look at their own only, while the other pytest-xdist worker runs its tests."""
-os.environ[TEST_PROCESS_VAR] = str(os.getpid())
 
 from pathlib import Path
 

@@ -21,7 +21,6 @@ import yaml
 from cluster.local import LOOPBACK_ENV, free_port
 from jobs.report import FIGURES
 from jobs.status import live_status_lines
-from tests.conftest import TEST_PROCESS_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["rollout.vllm.in_process=true"]
@@ -158,25 +157,48 @@ def prometheus_api(port: int, path: str) -> list:
     return answer["data"]
 
 
-def started_by_this_pytest(process: psutil.Process) -> bool:
-    """Whether `process` descends from this pytest process by environment (tests/conftest.py's
-    TEST_PROCESS_VAR, which every process a test starts inherits, through Ray's raylet and vLLM's
-    engine core too): the other pytest-xdist worker's jobs run beside this one's."""
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_descendants(pid: int) -> dict[psutil.Process, str]:
+    """vLLM's processes among `pid`'s live descendants, by title: engine cores and their workers
+    (`VLLM::EngineCore`, `VLLM::Worker`) and OpenAI-compatible API servers (API_SERVER). Collected
+    while a run lives, they are checked after it: a process that outlived its owner is reparented
+    to init and no longer anyone's descendant, and the other pytest-xdist worker's runs start
+    their own."""
     try:
-        return process.environ().get(TEST_PROCESS_VAR) == os.environ[TEST_PROCESS_VAR]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def vllm_processes_since(start: float) -> list[tuple[int, str]]:
-    """vLLM's own processes (`VLLM::EngineCore`, `VLLM::Worker`) this pytest process's tests started
-    after `start` (time.time())."""
-    found = []
-    for process in psutil.process_iter(["cmdline", "create_time"]):
-        cmdline = process.info["cmdline"] or [""]
-        if cmdline[0].startswith("VLLM::") and process.info["create_time"] >= start and started_by_this_pytest(process):
-            found.append((process.pid, cmdline[0]))
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    found = {}
+    for child in children:
+        try:
+            cmdline = child.cmdline() or [""]
+        except psutil.NoSuchProcess:
+            continue
+        if cmdline[0].startswith("VLLM::"):
+            found[child] = cmdline[0]
+        elif API_SERVER in cmdline:
+            found[child] = API_SERVER
     return found
+
+
+def assert_all_exit(processes, timeout_s: float = 30) -> None:
+    """Every process in `processes` is gone (or a zombie) within `timeout_s`."""
+    def alive() -> list[psutil.Process]:
+        running = []
+        for process in processes:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(process)
+            except psutil.NoSuchProcess:
+                continue
+        return running
+
+    deadline = time.monotonic() + timeout_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(), alive()
 
 
 def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp_path):
@@ -194,7 +216,6 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     series the shipped Grafana dashboard plots must be in Prometheus afterwards. The dashboard's
     actor list has the run's named actors with their reprs. After the head is stopped,
     `python -m jobs.train --resume` continues the run on an embedded node and reports it."""
-    test_start = time.time()
     activate, start, submit_line, stop = readme_commands("## Submitting to a Ray cluster")
     assert activate == "source .venv/bin/activate" and stop == "ray stop"
     activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
@@ -246,9 +267,10 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
         job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submitted.stdout + submitted.stderr).group(1)
         logs = subprocess.Popen([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id], cwd=ROOT,
                                 env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        scraped, listeners, live = "", [], []
+        scraped, listeners, live, engines = "", [], [], {}
         deadline = time.monotonic() + 600
         while logs.poll() is None and time.monotonic() < deadline:
+            engines |= vllm_descendants(head.pid)
             try:
                 text = scrape(driver_port)
                 if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
@@ -316,10 +338,8 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
 
     # The worker's vLLM engine core ran in processes of its own: none outlives the cluster
     # (cluster/reaper.py; one used to stay under init after this test).
-    deadline = time.monotonic() + 30
-    while (left := vllm_processes_since(test_start)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, left
+    assert "VLLM::EngineCore" in engines.values(), engines
+    assert_all_exit(engines)
     assert_loopback_only(listeners, driver_port)
     assert_quiet_console(out, run_dir)
     assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
@@ -458,24 +478,26 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     assert rows[-1]["num_rollout_workers"] == 2
 
 
-def api_servers() -> set[int]:
-    """Pids of running vLLM OpenAI-compatible servers that this pytest process's tests started."""
-    return {p.pid for p in psutil.process_iter(["cmdline"])
-            if "vllm.entrypoints.openai.api_server" in (p.info["cmdline"] or []) and started_by_this_pytest(p)}
-
-
 def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_path):
     """The config's oracle judge swapped for a judge model the job serves itself (`judge.serve`:
     vllm serve of the nano model on 127.0.0.1 in the judge's actor), stopped with the job."""
-    run_dir, before, test_start = tmp_path / "run", api_servers(), time.time()
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_tiny.yaml",
-                           "model.path=tiny:nano", "buffer.batch_size=8", "rollout.loop.max_turns=3",
-                           "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
-                           "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
-                           "judge.backend=http", "judge.serve.model.path=tiny:nano", "judge.serve.max_model_len=4096",
-                           "judge.http.max_tokens=16", "judge.http.max_retries=0", *HF_ENGINE],
-                          cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir, log = tmp_path / "run", tmp_path / "job.log"
+    with log.open("w") as out:
+        job = subprocess.Popen([sys.executable, "-m", "jobs.train", "--config", "jobs/configs/babyai_turn_judge_tiny.yaml",
+                                "model.path=tiny:nano", "buffer.batch_size=8", "rollout.loop.max_turns=3",
+                                "rollout.sampling.max_new_tokens=16", "warm_start.num_episodes=0", "run.eval_every=0",
+                                "run.steps=2", f"run.dir={run_dir}", f"run.metrics_port={free_port()}",
+                                "judge.backend=http", "judge.serve.model.path=tiny:nano",
+                                "judge.serve.max_model_len=4096", "judge.http.max_tokens=16",
+                                "judge.http.max_retries=0", *HF_ENGINE],
+                               cwd=ROOT, env=job_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+        served, deadline = {}, time.monotonic() + 600
+        while job.poll() is None and time.monotonic() < deadline:
+            served |= vllm_descendants(job.pid)
+            time.sleep(0.5)
+    if job.poll() is None:
+        job.kill()
+    assert job.wait() == 0, log.read_text()
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     # Every selected turn is judged once (scored, or neutral when the nano judge's answer has no
     # score tag); the counts only grow.
@@ -484,10 +506,8 @@ def test_a_short_turn_judge_run_serves_its_judge_and_trains_on_judged_turns(tmp_
     assert all(r["num_loss_tokens"] > 0 for r in rows)
     # The server and its engine core die with the judge's actor (cluster/reaper.py; the engine
     # core and its worker used to stay under init).
-    deadline = time.monotonic() + 30
-    while (api_servers() - before or vllm_processes_since(test_start)) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not api_servers() - before and not vllm_processes_since(test_start)
+    assert {API_SERVER, "VLLM::EngineCore"} <= set(served.values()), served
+    assert_all_exit(served)
 
 
 def test_a_short_working_memory_run_trains_both_stages(tmp_path):
