@@ -191,10 +191,11 @@ class VLLMEngine:
         return [self._generation(out) for out in self._run(prompts, self._params(prompts, sampling))]
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
-        """vLLM's outputs of one call (`params`: one per prompt), in prompt order. Beside a suspended `stream` (its requests
-        still in the engine) it steps the engine itself: `LLM.generate` would run the stream's
-        requests to their end and return their outputs among its own; here those finish into
-        the stream's mailbox instead, which hands them out when it is read again."""
+        """vLLM's outputs of one call (`params`: one per prompt), in prompt order. Beside a
+        suspended `stream` (its requests still in the engine) it steps the engine itself:
+        `LLM.generate` would run the stream's requests to their end and return their outputs
+        among its own; here those finish into the stream's mailbox instead, which hands them out
+        when it is read again."""
         from vllm.inputs import TokensPrompt
 
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]

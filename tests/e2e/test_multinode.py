@@ -73,7 +73,8 @@ def test_the_gpu8_opd_preset_in_miniature_trains_checkpoints_resumes_and_exports
     # side, each vLLM engine costs ~20 s of the two cores here, and the first run placed all eight
     # actors and published to all four vLLM engines.
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
-    smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1", "rollout.engine=hf", "teacher.backend=hf"]
+    smaller = ["cluster.plan.rollout.count=1", "cluster.plan.teacher.count=1", "rollout.engine=hf",
+               "teacher.backend=hf"]
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "--allow-change",
                               ",".join(key.partition("=")[0] for key in smaller), "run.steps=3", *smaller,
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,

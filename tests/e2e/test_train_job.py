@@ -92,7 +92,8 @@ def test_bad_job_config_fails_before_any_actor(tmp_path, capsys):
     assert "unknown key 'rollout.num_env'" in capsys.readouterr().err
     assert main(["--dry-run", "env.name=nope"]) == 2
     # Other tests in this process may have registered environments of their own.
-    known = re.search(r"env\.name: unknown environment 'nope'; known environments: \[(.*?)\]", capsys.readouterr().err)
+    known = re.search(r"env\.name: unknown environment 'nope'; known environments: \[(.*?)\]",
+                      capsys.readouterr().err)
     assert known and {"'alfworld'", "'babyai_text'", "'gateway'", "'scienceworld'"} <= set(known.group(1).split(", "))
     # Checks that need the machine, in the job's own process: still one line each, before Ray or
     # any actor starts.
@@ -196,9 +197,9 @@ def assert_all_exit(processes, timeout_s: float = 30) -> None:
         return running
 
     deadline = time.monotonic() + timeout_s
-    while alive() and time.monotonic() < deadline:
+    while (left := alive()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not alive(), alive()
+    assert not left, left
 
 
 def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp_path):
