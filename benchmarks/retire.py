@@ -76,9 +76,9 @@ def main() -> None:
         train(args.config, [*common, f"run.dir={run_dir}", *overrides])
         results[arm] = evaluate(job, str(run_dir / "hf"), "model", run_dir / "eval_end", args.eval_tasks)
     rows = pq.read_table(out / "retire" / "metrics.parquet").to_pylist()
-    retired = [r["version"] for r in rows if r["teacher_retired"]]
-    before = mean([r["rollout_tokens_per_s"] for r in rows if not r["teacher_retired"]])
-    after = mean([r["rollout_tokens_per_s"] for r in rows if r["teacher_retired"]])
+    retired = [r["version"] for r in rows if r["teacher_stopped"]]
+    before = mean([r["rollout_tokens_per_s"] for r in rows if not r["teacher_stopped"]])
+    after = mean([r["rollout_tokens_per_s"] for r in rows if r["teacher_stopped"]])
     curve = " ".join(f"{r['version']}:{r['eval_success']:.2f}" for r in rows if r["eval_success"] is not None)
     print(f"retire arm eval during training (version:success): {curve}")
     print(f"{'task type':<22}" + "".join(f"{arm:>8}" for arm in results))

@@ -12,7 +12,7 @@ Names carry the `apprentice_` prefix; `recorded_by` says which processes record 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 Recorder = Literal["driver", "rollout", "buffer", "teacher", "learner", "judge"]
 
@@ -75,9 +75,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("learner_ratio_max", "gauge", "Largest importance ratio learner / engine of a trained token."),
     Metric("learner_masked_frac", "gauge", "Share of trained tokens left out by the mismatch masks."),
     Metric("learner_truncated_frac", "gauge", "Share of trained tokens whose importance weight was truncated."),
-    Metric("opd_lambda", "gauge", "λ of the joint loss."),
-    Metric("teacher_retired", "gauge", "1 once the teacher is retired."),
-    Metric("horizon_k", "gauge", "TCOD horizon k in force."),
+    Metric("teacher_stopped", "gauge", "1 once the algorithm's schedule has stopped the teacher for good."),
     Metric("judge_turns", "counter", "Turns the judge scored, by result (ok, or neutral: no score after retries).",
            ("result",), recorded_by=("judge",)),
     Metric("format_error_rate", "gauge", "Share of turns whose response did not parse (episodes since the last step)."),
@@ -128,15 +126,18 @@ class ActorMetrics:
 class MetricsExporter:
     """prometheus-client series of the families the driver records, on its own registry and HTTP endpoint."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = 9400) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = 9400, extra: Sequence[Metric] = ()) -> None:
+        """`extra`: families of the job's own beside the catalogue (its algorithm's gauges)."""
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
         self.registry = CollectorRegistry()
         kinds = {"gauge": Gauge, "counter": Counter}
         self.series = {}
-        for m in CATALOGUE:
+        for m in (*CATALOGUE, *extra):
             if "driver" not in m.recorded_by:
                 continue
+            if m.name in self.series:
+                raise ValueError(f"metric {m.name!r} is already a family of the catalogue (cluster/metrics.py)")
             name = f"apprentice_{m.name}"
             if m.kind == "histogram":
                 self.series[m.name] = Histogram(name, m.help, m.labels, registry=self.registry, buckets=m.buckets)

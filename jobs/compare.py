@@ -209,10 +209,10 @@ def teacher_facts(rows: list[dict], teacher: bool) -> dict:
     """kl_slope, the trained tokens the teacher scored (its steps before any stop) and the version
     where a schedule stopped it (None: never); all None without a teacher."""
     if not teacher:
-        return {"kl_slope": None, "teacher_tokens": None, "retired_at": None}
-    retired = [r["version"] for r in rows if r.get("teacher_retired")]
-    return {"kl_slope": kl_slope(rows), "retired_at": retired[0] if retired else None,
-            "teacher_tokens": sum(r["num_loss_tokens"] for r in rows if not r.get("teacher_retired"))}
+        return {"kl_slope": None, "teacher_tokens": None, "stopped_at": None}
+    stopped = [r["version"] for r in rows if r.get("teacher_stopped")]
+    return {"kl_slope": kl_slope(rows), "stopped_at": stopped[0] if stopped else None,
+            "teacher_tokens": sum(r["num_loss_tokens"] for r in rows if not r.get("teacher_stopped"))}
 
 
 def evaluation_config(job, num_tasks: int) -> dict:
@@ -246,7 +246,7 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
         slopes = {seed: r["kl_slope"] for (a, seed), r in results.items() if a == arm and r.get("kl_slope") is not None}
         base_slopes = {seed: r["kl_slope"] for (a, seed), r in results.items()
                        if a == baseline and r.get("kl_slope") is not None}
-        retired = [r.get("retired_at") for r in runs]
+        stopped = [r.get("stopped_at") for r in runs]
         tokens = [r["teacher_tokens"] for r in runs if r.get("teacher_tokens") is not None]
         summary[arm].update({
             "kl_slope": mean_ci(list(slopes.values())) if slopes else None,
@@ -254,8 +254,9 @@ def summarize(results: dict[tuple[str, int], dict], baseline: str) -> dict:
             if arm != baseline and set(slopes) & set(base_slopes) else None,
             "teacher_tokens": mean_ci(tokens) if tokens else None,
             "no_signal": (sum(r.get("no_signal", False) for r in runs), len(runs)),
-            "retired": (sum(v is not None for v in retired), len(retired),
-                        mean_ci([v for v in retired if v is not None]) if any(v is not None for v in retired) else None)})
+            "teacher_stopped": (sum(v is not None for v in stopped), len(stopped),
+                                mean_ci([v for v in stopped if v is not None])
+                                if any(v is not None for v in stopped) else None)})
     return summary
 
 
@@ -281,10 +282,10 @@ def report(summary: dict, baseline: str, header: str) -> str:
 
     optional("kl_slope", "per-turn reverse KL slope (per turn index)", _pm)
     optional("teacher_tokens", "trained tokens the teacher scored", lambda v: f"{v[0]:.0f} ± {v[1]:.0f}")
-    if any(summary[a]["retired"][0] for a in arms):
+    if any(summary[a]["teacher_stopped"][0] for a in arms):
         lines.append("| teacher stopped by the schedule | " + " | ".join(
             f"{k}/{n} seeds" + ("" if at is None else f", at version {_pm(at)}")
-            for k, n, at in (summary[a]["retired"] for a in arms)) + " |")
+            for k, n, at in (summary[a]["teacher_stopped"] for a in arms)) + " |")
     if any(summary[a]["no_signal"][0] for a in arms):
         lines.append("| runs stopped early: no group carried a signal | " + " | ".join(
             "{}/{} seeds".format(*summary[a]["no_signal"]) for a in arms) + " |")
@@ -476,7 +477,7 @@ def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, wa
     pq.write_table(pa.Table.from_pylist([{"arm": arm, "run_seed": seed, "task_seed": task["seed"],
                                           "task_type": task["task_type"], "success": task["success"],
                                           "steps": r["steps"], "train_s": r["train_s"], "kl_slope": r.get("kl_slope"),
-                                          "teacher_tokens": r.get("teacher_tokens"), "retired_at": r.get("retired_at")}
+                                          "teacher_tokens": r.get("teacher_tokens"), "stopped_at": r.get("stopped_at")}
                                          for (arm, seed), r in results.items() for task in r["tasks"]]),
                    out / "runs.parquet")
     plot_curves(results, out / "curves.png")
@@ -494,8 +495,8 @@ def _write(results: dict, baseline: str, args: argparse.Namespace, out: Path, wa
         fields += [f"{arm}_mean={s['overall'][0]:.3f}", f"{arm}_ci95={s['overall'][1]:.3f}"]
         if s["kl_slope"] is not None:
             fields += [f"{arm}_kl_slope={s['kl_slope'][0]:.4f}", f"{arm}_kl_slope_ci95={s['kl_slope'][1]:.4f}"]
-        if s["retired"][0]:
-            fields += [f"{arm}_retired={s['retired'][0]}/{s['retired'][1]}"]
+        if s["teacher_stopped"][0]:
+            fields += [f"{arm}_teacher_stopped={s['teacher_stopped'][0]}/{s['teacher_stopped'][1]}"]
         if s["no_signal"][0]:
             fields += [f"{arm}_no_signal={s['no_signal'][0]}/{s['no_signal'][1]}"]
         if s["vs_baseline"] is not None:

@@ -154,11 +154,11 @@ class StepRecorder:
                 f"or raise run.max_nonfinite_steps")
 
     def record(self, version: int, stats: dict, versions: list[int], timing: dict[str, float], actors: dict[str, Any],
-               gauges: dict[str, float]) -> StepRecord:
+               gauges: dict[str, float], teacher_stopped: bool) -> StepRecord:
         """The record of the step that made `version` from the learner's `stats` and the batch's
         policy `versions`; `timing`: idle, sync and wall seconds; `actors`: the buffer, the
         pool, the teacher services and the judge (or None) to ask for their counts; `gauges`:
-        the algorithm's (λ, horizon, teacher retired)."""
+        the algorithm's by name; `teacher_stopped`: its schedule had stopped the teacher."""
         import ray
 
         self._skipped_in_row = 0
@@ -195,7 +195,7 @@ class StepRecorder:
             wall_s=timing["wall"], buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
             num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
             empty_batches=self.empty_batches, buffer_lost=self.buffer_lost, job_recoveries=self.recoveries,
-            **totals, **self._judge_counts(actors["judge"], previous), **gauges)
+            gauges=gauges, teacher_stopped=teacher_stopped, **totals, **self._judge_counts(actors["judge"], previous))
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 
@@ -235,8 +235,9 @@ class StepRecorder:
         m.set("opd_reverse_kl", record.reverse_kl)
         for name in ("mismatch_kl", "ratio_mean", "ratio_max", "masked_frac", "truncated_frac"):
             m.set(f"learner_{name}", getattr(record, name))
-        for name in ("opd_lambda", "teacher_retired", "horizon_k"):
-            m.set(name, getattr(record, name))
+        for name, value in record.gauges.items():
+            m.set(name, value)
+        m.set("teacher_stopped", float(record.teacher_stopped))
         if teachers:
             m.set("teacher_latency_seconds", max(t["latency_p50_s"] for t in teachers))
             m.set("teacher_batch_turns", sum(t["mean_batch_turns"] for t in teachers) / len(teachers))

@@ -96,7 +96,7 @@ class StepRecord:
     buffer_occupancy: float
     buffer_resident: int
     num_rollout_workers: int
-    """Rollout workers that answered this step (restarting ones do not; retirement adds some)."""
+    """Rollout workers that answered this step (restarting ones do not; a teacher its schedule stops gives its bundles to more)."""
     # Running totals (across resumes) and this step's rates.
     episodes: int
     successes: int
@@ -151,10 +151,12 @@ class StepRecord:
     student_logprob_head: float | None
     """Mean behaviour log-prob of the trained tokens in the first half of their response."""
     student_logprob_tail: float | None
-    # The algorithm's gauges.
-    opd_lambda: float
-    horizon_k: float
-    teacher_retired: float
+    gauges: dict[str, float]
+    """The algorithm's gauges (learner.algorithms.Gauge: λ, TCOD's horizon k, ...) by name; {} for
+    an algorithm without any."""
+    teacher_stopped: bool | None
+    """The algorithm's schedule had stopped the teacher when this step trained (TeacherSchedule):
+    no teacher scored its samples (None in records written before)."""
     eval_success: float | None = None
     """Greedy eval success on run.eval_split (steps with an eval only)."""
     eval_success_by_type: dict[str, float] | None = field(default=None)
@@ -223,7 +225,7 @@ STEP_SCHEMA = pa.schema([
     ("response_tokens_per_turn", pa.float64()), ("turns_to_success", pa.float64()),
     ("reverse_kl_head", pa.float64()), ("reverse_kl_tail", pa.float64()),
     ("student_logprob_head", pa.float64()), ("student_logprob_tail", pa.float64()),
-    ("opd_lambda", pa.float64()), ("horizon_k", pa.float64()), ("teacher_retired", pa.float64()),
+    ("gauges", pa.map_(pa.string(), pa.float64())), ("teacher_stopped", pa.bool_()),
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
     ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()), ("reverse_kl_episode", pa.float64()),
     ("ratio_mean", pa.float64()), ("ratio_max", pa.float64()), ("masked_frac", pa.float64()),
@@ -286,7 +288,14 @@ def read_records(path: Path) -> list[StepRecord]:
     records = []
     for row in rows:
         values = {name: row.get(name) for name in names}
-        if isinstance(values["eval_success_by_type"], list):  # Arrow maps read back as (key, value) pairs
-            values["eval_success_by_type"] = dict(values["eval_success_by_type"])
+        for name in ("eval_success_by_type", "gauges"):
+            if isinstance(values[name], list):  # Arrow maps read back as (key, value) pairs
+                values[name] = dict(values[name])
+        if values["gauges"] is None:  # before the map, each gauge had a column of its own
+            values["gauges"] = {name: row[name] for name in _GAUGE_COLUMNS if row.get(name) is not None}
         records.append(StepRecord(**values))
     return records
+
+
+_GAUGE_COLUMNS = ("opd_lambda", "horizon_k")
+"""The gauges older schemas recorded as columns (read into `gauges`)."""

@@ -17,7 +17,8 @@ the single run's directory, or ./report for several):
     staleness.png      consumed samples by staleness (learner version - sample version)
     throughput.png     rollout tokens/s
     learner_time.png   learner step, wait-for-data and weight-sync seconds per step
-    schedule.png       the algorithm's gauges: OPD λ, TCOD horizon k, teacher retired
+    schedule.png       the algorithm's gauges (learner.algorithms.Gauge: OPD λ, TCOD's horizon
+                       k, ...) and the version where its schedule stopped the teacher
     report.md          a table of final numbers per run and the figures
 
 Versions count from the start of the run (warm-start SFT steps included), as in the records.
@@ -26,6 +27,7 @@ Versions count from the start of the run (warm-start SFT steps included), as in 
 from __future__ import annotations
 
 import argparse
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,15 +224,19 @@ def plot_schedule(runs: list[Run], path: Path) -> None:
     fig, ax = _figure("Algorithm gauges", "value")
     for i, run in enumerate(runs):
         prefix = f"{run.label}: " if len(runs) > 1 else ""
-        ax.step(*run.series("opd_lambda"), where="post", color=f"C{i}", label=f"{prefix}OPD λ")
-        versions, k = run.series("horizon_k")
-        if any(k):
-            ax.step(versions, k, where="post", color=f"C{i}", linestyle="--", label=f"{prefix}TCOD horizon k (turns)")
-        retired = next((r.version for r in run.records if r.teacher_retired), None)
-        if retired is not None:
-            ax.axvline(retired, color=f"C{i}", linestyle=":", label=f"{prefix}teacher retired")
+        names = list(dict.fromkeys(name for r in run.records for name in r.gauges or {}))
+        for name, style in zip(names, itertools.cycle(("-", "--", "-.", (0, (1, 1))))):
+            points = [(r.version, r.gauges[name]) for r in run.records if name in (r.gauges or {})]
+            ax.step(*zip(*points), where="post", color=f"C{i}", linestyle=style, label=f"{prefix}{name}")
+        stopped = _teacher_stopped_at(run.records)
+        if stopped is not None:
+            ax.axvline(stopped, color=f"C{i}", linestyle=":", label=f"{prefix}teacher stopped by the schedule")
     _mark_warm_start(ax, runs)
     _save(fig, path, ax)
+
+
+def _teacher_stopped_at(records: list[StepRecord]) -> int | None:
+    return next((r.version for r in records if r.teacher_stopped), None)
 
 
 PLOTS = {"eval_success": plot_eval, "train": plot_train, "kl": plot_kl, "kl_by_turn": plot_kl_by_turn,
@@ -250,7 +256,7 @@ def summary(run: Run) -> dict[str, str]:
     evals = [r.eval_success for r in records if r.eval_success is not None]
     wall = sum(r.wall_s for r in records)
     staleness = [r.version - 1 - v for r in records for v in (r.sample_versions or [])]
-    retired = next((r.version for r in records if r.teacher_retired), None)
+    stopped = _teacher_stopped_at(records)
 
     def fmt(value, digits=2):
         return "-" if value is None else f"{value:.{digits}f}"
@@ -271,7 +277,7 @@ def summary(run: Run) -> dict[str, str]:
         "learner idle": fmt(sum(r.learner_idle_s for r in records) / wall if wall else None),
         "mean staleness": fmt(_mean(staleness)),
         "dropped stale": str(records[-1].dropped_stale),
-        "teacher retired at": "-" if retired is None else str(retired),
+        "teacher stopped at": "-" if stopped is None else str(stopped),
         "wall clock (min)": fmt(wall / 60, 1),
     }
 

@@ -32,7 +32,7 @@ SECTIONS: dict[str, str] = {
     "format_error_rate": "rollout", "prompt_tokens_per_turn": "rollout", "rollout_tokens_per_s": "rollout",
     "memory_format_error_rate": "rollout",
     "format_error_rate_by_turn": "rollout", "response_tokens_per_turn": "rollout", "turns_to_success": "rollout",
-    "opd_lambda": "schedule", "horizon_k": "schedule", "teacher_retired": "schedule",
+    "gauges": "schedule", "teacher_stopped": "schedule",
     "eval_success": "eval", "eval_success_by_type": "eval",
 }
 """TensorBoard section of each StepRecord field that holds numbers."""

@@ -404,8 +404,7 @@ def _teacher_success_known(config: JobConfig) -> float:
         return 1.0
     raise ValueError(f"learner.algorithm {config.learner.algorithm.name} needs the teacher's eval success with "
                      f"privileged context (SR_T), which is unknown for this {teacher.backend} teacher (only a teacher "
-                     f"built by jobs.build_teacher, or the oracle, tells it): set it in learner.algorithm (retire_opd: "
-                     f"retirement.teacher_success)")
+                     f"built by jobs.build_teacher, or the oracle, tells it)")
 
 
 def _check_judge(config: JobConfig) -> None:

@@ -156,7 +156,7 @@ class TrainingRun:
         `faults`: the FAULT_TOTALS the run it replaces had reached (`fault_totals`); `logs`: where
         step records also go (TensorBoard, W&B), opened and closed by the job, across recoveries."""
         from buffer.actor import create_buffer_actor
-        from cluster.metrics import MetricsExporter
+        from cluster.metrics import Metric, MetricsExporter
         from cluster.plan import reserve
         from learner.algorithms import ALGORITHMS
         from learner.group import LearnerGroup
@@ -168,12 +168,13 @@ class TrainingRun:
         write_atomic(self.dir / "config.yaml", lambda tmp: tmp.write_text(dump_config(config)))
         plan = config.cluster.plan
         self.placement_groups, strategies = reserve(plan)
-        self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port)
+        self.algorithm = ALGORITHMS[config.learner.algorithm.name]
+        self.metrics = MetricsExporter(config.run.metrics_host, config.run.metrics_port,
+                                       [Metric(g.name, "gauge", g.help) for g in self.algorithm.gauges])
         self.recoveries = recoveries
         self.metrics.inc("job_recoveries", recoveries)  # a new exporter each time: the job's total
         self.buffer = create_buffer_actor(config.buffer, name=BUFFER)
         algorithm = config.learner.algorithm
-        self.algorithm = ALGORITHMS[algorithm.name]
         self.schedule = None
         """The algorithm's TeacherSchedule (learner/algorithms.py): a resume reads its state back
         first, so a teacher it stopped is not started again."""
@@ -532,18 +533,12 @@ class TrainingRun:
         return batch
 
     def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> StepRecord:
-        # Defaults for algorithms without λ, a teacher schedule or a horizon curriculum: the student
-        # acts for the whole episode.
-        max_turns = float(self.config.rollout.loop.max_turns)
         # The loss config is the one this step trained with: the step before the version moved.
-        gauges = {"opd_lambda": 0.0, "teacher_retired": float(not self.teacher_active), "horizon_k": max_turns,
-                  **self.algorithm.gauges(self.loss_config(self.version - self.warm_steps - 1),
-                                          self.version - self.warm_steps),
-                  **(self.schedule.gauges() if self.schedule is not None else {})}
-        gauges["horizon_k"] = min(gauges["horizon_k"], max_turns)
+        gauges = self.algorithm.gauge_values(self.loss_config(self.version - self.warm_steps - 1),
+                                             self.version - self.warm_steps)
         actors = {"buffer": self.buffer, "pool": self.pool, "teachers": self.teachers, "judge": self.judge}
         return self.recorder.record(self.version, stats, versions, {"idle": idle, "sync": sync, "wall": wall},
-                                    actors, gauges)
+                                    actors, gauges, teacher_stopped=not self.teacher_active)
 
     def fault_totals(self) -> dict[str, int]:
         """FAULT_TOTALS as this run's last record has them, plus the rollout failures the pool saw

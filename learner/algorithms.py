@@ -468,14 +468,32 @@ def judge_rewards(cfg: AlgorithmConfig, ctx: StageContext) -> GroupStage:
 
 
 @dataclass(frozen=True)
+class Gauge:
+    """One number an algorithm reports per learner step: the driver records it in the step
+    record's `gauges` map (jobs/records.py) and exports it as `apprentice_<name>`; the report
+    draws it in schedule.png, TensorBoard under schedule/gauges/."""
+
+    name: str
+    help: str
+    """What it measures (the Prometheus help text)."""
+    value: Callable[[AlgorithmConfig, int], float]
+    """(the loss config the step trained with, the main-loop step) -> the value."""
+
+
+def opd_lambda(value: Callable[[AlgorithmConfig, int], float]) -> Gauge:
+    """λ, the weight of the OPD term in the loss the step trained with (0 once a schedule stops the teacher)."""
+    return Gauge("opd_lambda", "λ: the weight of the OPD term in the loss.", value)
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """What one algorithm asks of the system."""
 
     loss: LossFn
     stages: tuple[StageFactory, ...] = ()
     """Group-end stages, in order, run by the rollout worker on each finished group."""
-    gauges: Callable[[AlgorithmConfig, int], dict[str, float]] = lambda cfg, step: {}
-    """Per-step gauges (e.g. the current λ) given the main-loop step; exported and recorded."""
+    gauges: tuple[Gauge, ...] = ()
+    """Numbers it reports per learner step (the current λ, TCOD's horizon)."""
     curriculum: Callable[[AlgorithmConfig], TCODCurriculum] | None = None
     """Builds the per-episode plan a rollout worker follows (the TCOD horizon); None: every
     episode is the student's, up to the loop's turn limit."""
@@ -516,6 +534,10 @@ class Algorithm:
         kl = forward_kl_topk(student_topk, batch, cfg)
         return LossOutput(out.loss_sum + cfg.topk_kl_coef * kl.loss_sum, out.num_units, {**out.stats, **kl.stats})
 
+    def gauge_values(self, cfg: AlgorithmConfig, step: int) -> dict[str, float]:
+        """Each gauge's value at main-loop step `step`, trained with the loss config `cfg`."""
+        return {gauge.name: gauge.value(cfg, step) for gauge in self.gauges}
+
     def uses_teacher(self, cfg: AlgorithmConfig) -> bool:
         return teacher_scores in self.group_stages(cfg)
 
@@ -541,10 +563,6 @@ class TeacherSchedule(Protocol):
     def after_step(self, version: int, reverse_kl: float, eval_success: float | None) -> bool:
         """One learner step's sampled-token reverse KL, and its eval success when it evaluated;
         True exactly once: the teacher is done from this version on."""
-        ...
-
-    def gauges(self) -> dict[str, float]:
-        """Per-step gauges of its own (recorded and exported with the algorithm's)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -579,15 +597,17 @@ register_algorithm("turn_level", Algorithm(turn_level_loss,
 register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages),
                                            config_cls=TurnLevelConfig))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
-                                    gauges=lambda cfg, step: {"opd_lambda": 1.0}, segment_stages=(teacher_scores,)))
+                                    gauges=(opd_lambda(lambda cfg, step: 1.0),), segment_stages=(teacher_scores,)))
 register_algorithm("joint", Algorithm(joint_loss, (joint_advantages, teacher_scores),
-                                      gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda}, config_cls=JointConfig))
+                                      gauges=(opd_lambda(lambda cfg, step: cfg.opd_lambda),), config_cls=JointConfig))
 register_algorithm("retire_opd", Algorithm(joint_loss, (joint_advantages, teacher_scores),
-                                           gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
+                                           gauges=(opd_lambda(lambda cfg, step: cfg.opd_lambda),),
                                            schedule=retirement_schedule, config_cls=RetireOPDConfig))
 register_algorithm("sft", Algorithm(sft_loss, (successes_only,), demonstrations=True))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
-                                     gauges=lambda cfg, step: {"opd_lambda": 1.0,
-                                                               "horizon_k": float(horizon(cfg.tcod, step))},
+                                     gauges=(opd_lambda(lambda cfg, step: 1.0),
+                                             Gauge("horizon_k", "TCOD's horizon k in force (turns; the document's k, "
+                                                   "which may pass the loop's turn limit)",
+                                                   lambda cfg, step: float(horizon(cfg.tcod, step)))),
                                      curriculum=lambda cfg: TCODCurriculum(cfg.tcod),
                                      segment_stages=(teacher_scores,), config_cls=TCODAlgorithmConfig))

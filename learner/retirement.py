@@ -71,9 +71,6 @@ class RetirementController:
         gap, self.since_eval = sum(self.since_eval) / len(self.since_eval), []
         return self.observe(version, gap, eval_success)
 
-    def gauges(self) -> dict[str, float]:
-        return {"teacher_retired": float(self.retired_at is not None)}
-
     def observe(self, version: int, gap: float, success: float) -> bool:
         """One evaluation step; True exactly once, when the rule says retire. Checked at every
         evaluation once two windows of `window` evaluations exist (the document's "from the
@@ -115,4 +112,10 @@ def retirement_schedule(cfg, teacher_success: Callable[[], float], state: dict[s
         controller = RetirementController(cfg.retirement, state["teacher_success"])
         controller.load_state_dict(state)
         return controller
-    return RetirementController(cfg.retirement, cfg.retirement.teacher_success or teacher_success())
+    if cfg.retirement.teacher_success is not None:
+        return RetirementController(cfg.retirement, cfg.retirement.teacher_success)
+    try:
+        measured = teacher_success()
+    except ValueError as exc:  # SR_T cannot be measured for this teacher: say where to set it
+        raise ValueError(f"{exc}: set learner.algorithm.retirement.teacher_success") from None
+    return RetirementController(cfg.retirement, measured)

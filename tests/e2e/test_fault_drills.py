@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
@@ -142,6 +143,26 @@ def test_chaos_a_seeded_schedule_of_kills_the_job_recovers_from_then_a_fatal_one
               "rollout.num_envs=4", "rollout.segments=true")
     job.wait_for("step    1 ")
     assert_loopback_only(listening_addresses(job.proc.pid), job.metrics_port)
+    restarts = kill_on_schedule(job, schedule)
+    job.kill_actor("ReplayBuffer")
+    assert job.finish() == 1, f"seed {seed}: {schedule}\n{job.output}"
+    assert "run stopped: the replay buffer actor died" in job.output and f"--resume {run_dir}" in job.output
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1)), (schedule, job.output)
+    last = rows[-1]
+    assert last["job_recoveries"] == 2 and last["duplicate_groups"] == 0 and last["buffer_lost"] >= 0
+    assert last["rollout_failed_runs"] >= restarts["RolloutWorker"] >= 1
+    assert last["teacher_restarts"] >= restarts["_ServiceActor"] >= 1
+    assert last["env_restarts"] >= restarts["_EnvActor"] >= 1, (schedule, job.output)
+    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
+                                  + last["buffer_resident"] + last["buffer_lost"])
+    assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))
+    resume_with_a_kill_during_an_evaluation_then_stop(run_dir)
+
+
+def kill_on_schedule(job: Job, schedule: list[tuple[int, str]]) -> dict[str, int]:
+    """Each (gap, victim) killed `gap` steps after the previous kill was accounted; the restart
+    totals the step lines reached, by restarted victim."""
     restarts = {victim: 0 for victim in RESTARTED}
     num_recoveries, accounted_at, seen = 0, 0, 0
     for gap, victim in schedule:
@@ -162,20 +183,12 @@ def test_chaos_a_seeded_schedule_of_kills_the_job_recovers_from_then_a_fatal_one
             accounted_at = wait_for_step(job, seen, lambda m: True)
         seen = len(job.output)
     wait_for_step(job, seen, lambda m: True)  # the last kill's step recorded
-    job.kill_actor("ReplayBuffer")
-    assert job.finish() == 1, f"seed {seed}: {schedule}\n{job.output}"
-    assert "run stopped: the replay buffer actor died" in job.output and f"--resume {run_dir}" in job.output
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1)), (schedule, job.output)
-    last = rows[-1]
-    assert last["job_recoveries"] == 2 and last["duplicate_groups"] == 0 and last["buffer_lost"] >= 0
-    assert last["rollout_failed_runs"] >= restarts["RolloutWorker"] >= 1
-    assert last["teacher_restarts"] >= restarts["_ServiceActor"] >= 1
-    assert last["env_restarts"] >= restarts["_EnvActor"] >= 1, (schedule, job.output)
-    assert last["buffer_put"] == (last["buffer_consumed"] + last["dropped_stale"] + last["evicted"]
-                                  + last["buffer_resident"] + last["buffer_lost"])
-    assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(rows, rows[1:]))
+    return restarts
 
+
+def resume_with_a_kill_during_an_evaluation_then_stop(run_dir: Path) -> None:
+    """The resumed run's rollout worker killed during an evaluation (its tasks re-run on the
+    restarted worker), then a SIGTERM while the learner may wait for a batch for 900 s."""
     version = int((run_dir / "checkpoints" / "latest").read_text().removeprefix("step_"))
     evaluated = version + 2
     job = Job("--resume", str(run_dir), "run.max_failures=0", "run.batch_timeout_s=900",

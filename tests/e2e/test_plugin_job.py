@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from learner.algorithms import Algorithm, JointConfig, grpo_advantages, joint_loss, register_algorithm, teacher_scores
+from learner.algorithms import (Algorithm, JointConfig, grpo_advantages, joint_loss, opd_lambda, register_algorithm,
+                               teacher_scores)
 
 ANNEAL_STEPS = 2
 
@@ -36,15 +37,12 @@ class AnnealSchedule:
             return True
         return False
 
-    def gauges(self) -> dict[str, float]:
-        return {}
-
     def state_dict(self) -> dict:
         return {"stopped_at": self.stopped_at}
 
 
 register_algorithm("anneal_test", Algorithm(joint_loss, (grpo_advantages, teacher_scores),
-                                            gauges=lambda cfg, step: {"opd_lambda": cfg.opd_lambda},
+                                            gauges=(opd_lambda(lambda cfg, step: cfg.opd_lambda),),
                                             schedule=lambda cfg, teacher_success, state: AnnealSchedule(state),
                                             config_cls=JointConfig))
 
@@ -65,8 +63,8 @@ def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_f
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "teacher stopped by the anneal_test schedule at version 2: 1 teacher service(s) stopped" in proc.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["opd_lambda"] for r in rows] == [0.5, 0.25, 0.0]  # what each step trained with
-    assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0]
+    assert [dict(r["gauges"]) for r in rows] == [{"opd_lambda": x} for x in (0.5, 0.25, 0.0)]  # what each step trained with
+    assert [r["teacher_stopped"] for r in rows] == [False, False, True]
     # Through the gateway (the job's resolved config says so): every step trained on the programs' recorded calls, none of which
     # failed, and the evaluation at step 2 ran the program greedily.
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["name"] == "gateway"

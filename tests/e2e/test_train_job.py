@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -217,6 +218,65 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     series the shipped Grafana dashboard plots must be in Prometheus afterwards. The dashboard's
     actor list has the run's named actors with their reprs. After the head is stopped,
     `python -m jobs.train --resume` continues the run on an embedded node and reports it."""
+    run_dir, driver_port = tmp_path / "run", free_port()
+    job = submit_to_a_head(tmp_path, run_dir, driver_port)
+    # The worker's vLLM engine core ran in processes of its own: none outlives the cluster
+    # (cluster/reaper.py; one used to stay under init after this test).
+    assert "VLLM::EngineCore" in job.engines.values(), job.engines
+    assert_all_exit(job.engines)
+    assert_loopback_only(job.listeners, driver_port)
+    out = job.out
+    assert "ray namespace apprentice-run" in out  # run.dir's name
+    assert_quiet_console(out, run_dir)
+    live = job.live
+    assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
+    # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
+    solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
+    warm = 2 * -(-solved // 4)
+    assert solved > 0 and f"warm start: {warm}/{warm} SFT steps, loss " in out and "sft  " not in out
+    assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == list(range(1, warm + 1))
+    final = warm + 4
+    assert 0 <= job.bottom < job.top <= final, (job.bottom, job.top)  # 0: the gauge before the first step
+    assert f"step {final:4d}" in out and f'"final_version": {final}' in out
+    for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
+                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success", "opd_lambda",
+                 "rollout_prompt_tokens_per_turn"):
+        assert f"apprentice_{name}" in job.scraped, name
+    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["version"] for r in table] == list(range(warm + 1, final + 1))
+    for row in table:
+        staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
+        assert staleness and max(staleness) <= 2 and min(staleness) >= 0
+    # Rates are over the episodes that finished during a step (None when none did).
+    per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
+    assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
+    assert any(r["eval_success_by_type"] for r in table)
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
+    resume_on_an_embedded_node(run_dir, warm)
+
+
+@dataclass
+class SubmittedJob:
+    """What the `ray job submit` test saw of its job."""
+
+    out: str
+    """The job's logs (`ray job logs --follow`)."""
+    scraped: str
+    """The driver's metrics endpoint, the last scrape after the first step."""
+    listeners: list[str]
+    """Listening addresses of the head's processes while the job ran."""
+    live: list[str]
+    """`jobs.status --address` on the live job."""
+    engines: dict
+    """vLLM's processes among the head's descendants (`vllm_descendants`)."""
+    bottom: float
+    top: float
+    """The least and greatest learner version Prometheus scraped."""
+
+
+def submit_to_a_head(tmp_path: Path, run_dir: Path, driver_port: int) -> SubmittedJob:
+    """README's head, Prometheus beside it, the short job submitted and followed to its end; the
+    dashboard's actor list and Prometheus checked while the head lives; the head stopped."""
     activate, start, submit_line, stop = readme_commands("## Submitting to a Ray cluster")
     assert activate == "source .venv/bin/activate" and stop == "ray stop"
     activate = f"source {Path(sys.executable).parent / 'activate'}"  # this test run's environment
@@ -230,11 +290,9 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
              f"--disable-usage-stats")
     head = subprocess.Popen(["bash", "-c", f"{activate} && {start}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ray_bin = Path(sys.executable).with_name("ray")
     submit_line = submit_line.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{dashboard}")
     assert submit_line.startswith("ray job submit ") and " -- python -m jobs.train --config " in submit_line
     submit_line = submit_line.replace("ray job submit ", "ray job submit --no-wait ", 1)
-    run_dir, driver_port = tmp_path / "run", free_port()
     # A small warm start too: 16 bot episodes, of which the bot solves a few within 3 turns.
     # An eval at every step: the eval gauge exists from the first step on, not only in the run's
     # last seconds, which a 5 s scrape can miss (it did once in CI).
@@ -254,119 +312,126 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
                 time.sleep(1)
         # Once the head is up (its session directory holds Ray's service-discovery file).
         prometheus, prometheus_port = start_prometheus(tmp_path, driver_port)
-        # The head's job agent registers a little after the dashboard answers: until then a submit
-        # is refused with "No available agent", which asks to try again (minutes on two loaded cores).
-        deadline = time.monotonic() + 300
-        while True:
-            submitted = subprocess.run(["bash", "-c", f"{activate} && {submit_line} {overrides}"], cwd=ROOT, env=env,
-                                       capture_output=True, text=True, timeout=120)
-            if submitted.returncode == 0 or "No available agent" not in submitted.stderr + submitted.stdout \
-                    or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        job_id = re.search(r"Job '(raysubmit_\w+)' submitted", submitted.stdout + submitted.stderr).group(1)
-        logs = subprocess.Popen([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id], cwd=ROOT,
-                                env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        scraped, listeners, live, engines = "", [], [], {}
-        deadline = time.monotonic() + 600
-        while logs.poll() is None and time.monotonic() < deadline:
-            engines |= vllm_descendants(head.pid)
-            try:
-                text = scrape(driver_port)
-                if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
-                    if not scraped:  # the head's Ray, the metrics endpoint and vLLM's engine-core process
-                        listeners = listening_addresses(head.pid)
-                    scraped = text
-                if 'apprentice_eval_success{task_type="overall"}' in text:  # an evaluation has run
-                    live = live_status_lines(f"127.0.0.1:{driver_port}")  # `jobs.status --address` on the live job
-            except (OSError, ValueError):  # not serving yet, or gone (live_status_lines says so with ValueError)
-                pass
-            time.sleep(0.2)
-        out, _ = logs.communicate(timeout=60)
-        assert logs.returncode == 0, out
-        namespace = "apprentice-run"  # run.dir's name
-        assert f"ray namespace {namespace}" in out
-        status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
-                                capture_output=True, text=True, timeout=60)
-        assert "succeeded" in (status.stdout + status.stderr).lower(), out
-        # The dashboard's Actors page: every actor of the run named in the run's namespace, with a repr.
-        listed = subprocess.run([str(ray_bin), "list", "actors", "--address", address, "--detail", "--format", "json",
-                                 "--limit", "1000"], env=job_env(), capture_output=True, text=True, timeout=120)
-        assert listed.returncode == 0, listed.stderr
-        actors = {a["name"]: a for a in json.loads(listed.stdout) if a.get("ray_namespace") == namespace}
-        assert {"buffer", "learner-0", "worker-0", "teacher-0"} <= set(actors), sorted(actors)
-        # Ray reads a repr once, after __init__: nothing in it may go stale (a version did).
-        assert actors["worker-0"]["repr_name"] == "RolloutWorker(worker-0)"
-        assert actors["learner-0"]["repr_name"] == "LearnerRank(learner-0)"
-        assert actors["teacher-0"]["repr_name"] == "TeacherService(teacher-0, oracle)"
-        # Prometheus scraped both targets: the driver's series and the actors' series through Ray
-        # (those live on Ray's endpoint only while the actors do, so only a scrape during the run has them).
-        names = set(prometheus_api(prometheus_port, "label/__name__/values"))
-        grafana = (ROOT / "cluster" / "grafana_dashboard.json").read_text()
-        plotted = set(re.findall(r"\b(?:ray_)?apprentice_\w+", grafana))
-        assert plotted and plotted <= names, f"dashboard series Prometheus never scraped: {sorted(plotted - names)}"
-        wanted = {"apprentice_learner_version", "apprentice_rollout_tokens_per_s", "apprentice_buffer_occupancy",
-                  "apprentice_consumed_staleness_bucket", "ray_apprentice_learner_version",
-                  "ray_apprentice_rollout_tokens_total", "ray_apprentice_consumed_staleness_bucket"}
-        assert wanted <= names, sorted(wanted - names)
-        # The learner's version as scraped: it rose during the run (the last step or two can end
-        # between two scrapes, after which the job's endpoint is gone).
+        job_id = submit(f"{activate} && {submit_line} {overrides}", env)
+        job = follow(job_id, address, head.pid, driver_port)
+        check_head_views(job_id, address, prometheus_port)
         seen = prometheus_api(prometheus_port, "query?query=max_over_time(apprentice_learner_version[1h])")
         first = prometheus_api(prometheus_port, "query?query=min_over_time(apprentice_learner_version[1h])")
-        (top,), (bottom,) = [float(v["value"][1]) for v in seen["result"]], [float(v["value"][1]) for v in first["result"]]
+        (job.top,), (job.bottom,) = [float(v["value"][1]) for v in seen["result"]], \
+            [float(v["value"][1]) for v in first["result"]]
+        return job
     finally:
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(timeout=60)
-        # SIGTERM: most of the head's processes exit within a second, but its GCS server takes
-        # ~33 s (measured here), which `ray start --block` waits out; what is left after a few
-        # seconds is killed (nothing of the run is on the head any more).
-        os.killpg(head.pid, signal.SIGTERM)
+        stop_head(head, gcs)
+
+
+def submit(command: str, env: dict) -> str:
+    """The submitted job's id. The head's job agent registers a little after the dashboard
+    answers: until then a submit is refused with "No available agent", which asks to try again
+    (minutes on two loaded cores)."""
+    deadline = time.monotonic() + 300
+    while True:
+        submitted = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
+                                   timeout=120)
+        if submitted.returncode == 0 or "No available agent" not in submitted.stderr + submitted.stdout \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    return re.search(r"Job '(raysubmit_\w+)' submitted", submitted.stdout + submitted.stderr).group(1)
+
+
+def follow(job_id: str, address: str, head_pid: int, driver_port: int) -> SubmittedJob:
+    """The job's logs to its end, and while it runs: its metrics, the head's listeners and vLLM
+    processes, and `jobs.status` once an evaluation has run."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    logs = subprocess.Popen([str(ray_bin), "job", "logs", "--follow", "--address", address, job_id], cwd=ROOT,
+                            env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    scraped, listeners, live, engines = "", [], [], {}
+    deadline = time.monotonic() + 600
+    while logs.poll() is None and time.monotonic() < deadline:
+        engines |= vllm_descendants(head_pid)
         try:
-            head.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=60)
-        # `ray start` recorded its head as this machine's current cluster, which `ray stop` would
-        # have removed: left behind, a later bare `ray.init()` on the machine tries to join the
-        # dead head. Only the record naming this test's head is removed.
-        from ray._common.utils import get_ray_address_file
+            text = scrape(driver_port)
+            if re.search(r"apprentice_learner_version \d", text) and "apprentice_eval_success" in text:
+                if not scraped:  # the head's Ray, the metrics endpoint and vLLM's engine-core process
+                    listeners = listening_addresses(head_pid)
+                scraped = text
+            if 'apprentice_eval_success{task_type="overall"}' in text:  # an evaluation has run
+                live = live_status_lines(f"127.0.0.1:{driver_port}")  # `jobs.status --address` on the live job
+        except (OSError, ValueError):  # not serving yet, or gone (live_status_lines says so with ValueError)
+            pass
+        time.sleep(0.2)
+    out, _ = logs.communicate(timeout=60)
+    assert logs.returncode == 0, out
+    return SubmittedJob(out, scraped, listeners, live, engines, bottom=float("nan"), top=float("nan"))
 
-        current = Path(get_ray_address_file(None))
-        if current.is_file() and current.read_text().strip() == f"127.0.0.1:{gcs}":
-            current.unlink()
 
-    # The worker's vLLM engine core ran in processes of its own: none outlives the cluster
-    # (cluster/reaper.py; one used to stay under init after this test).
-    assert "VLLM::EngineCore" in engines.values(), engines
-    assert_all_exit(engines)
-    assert_loopback_only(listeners, driver_port)
-    assert_quiet_console(out, run_dir)
-    assert re.fullmatch(r"version    \d+", live[1]) and re.fullmatch(r"eval       [01]\.\d{3}(; .*)?", live[2]), live
-    # Only the bot's episodes solved within the 3-turn limit are kept; 2 epochs of 4 per step.
-    solved = int(re.search(r"warm start: the expert solved (\d+)/16 episodes", out).group(1))
-    warm = 2 * -(-solved // 4)
-    assert solved > 0 and f"warm start: {warm}/{warm} SFT steps, loss " in out and "sft  " not in out
-    assert [r["version"] for r in pq.read_table(run_dir / "warm_start.parquet").to_pylist()] == list(range(1, warm + 1))
+def check_head_views(job_id: str, address: str, prometheus_port: int) -> None:
+    """Ray's job status, the dashboard's Actors page and what Prometheus scraped, while the head lives."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    namespace = "apprentice-run"  # run.dir's name
+    status = subprocess.run([str(ray_bin), "job", "status", "--address", address, job_id], env=job_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert "succeeded" in (status.stdout + status.stderr).lower(), status.stdout + status.stderr
+    # The dashboard's Actors page: every actor of the run named in the run's namespace, with a repr.
+    listed = subprocess.run([str(ray_bin), "list", "actors", "--address", address, "--detail", "--format", "json",
+                             "--limit", "1000"], env=job_env(), capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    actors = {a["name"]: a for a in json.loads(listed.stdout) if a.get("ray_namespace") == namespace}
+    assert {"buffer", "learner-0", "worker-0", "teacher-0"} <= set(actors), sorted(actors)
+    # Ray reads a repr once, after __init__: nothing in it may go stale (a version did).
+    assert actors["worker-0"]["repr_name"] == "RolloutWorker(worker-0)"
+    assert actors["learner-0"]["repr_name"] == "LearnerRank(learner-0)"
+    assert actors["teacher-0"]["repr_name"] == "TeacherService(teacher-0, oracle)"
+    # Prometheus scraped both targets: the driver's series and the actors' series through Ray
+    # (those live on Ray's endpoint only while the actors do, so only a scrape during the run has them).
+    names = set(prometheus_api(prometheus_port, "label/__name__/values"))
+    grafana = (ROOT / "cluster" / "grafana_dashboard.json").read_text()
+    plotted = set(re.findall(r"\b(?:ray_)?apprentice_\w+", grafana)) - other_algorithms_gauges("opd")
+    assert plotted and plotted <= names, f"dashboard series Prometheus never scraped: {sorted(plotted - names)}"
+    wanted = {"apprentice_learner_version", "apprentice_rollout_tokens_per_s", "apprentice_buffer_occupancy",
+              "apprentice_consumed_staleness_bucket", "ray_apprentice_learner_version",
+              "ray_apprentice_rollout_tokens_total", "ray_apprentice_consumed_staleness_bucket"}
+    assert wanted <= names, sorted(wanted - names)
+
+
+def other_algorithms_gauges(algorithm: str) -> set[str]:
+    """The series of built-in algorithms' gauges that a run of `algorithm` does not export."""
+    from learner.algorithms import ALGORITHMS
+
+    def series(name: str) -> set[str]:
+        return {f"apprentice_{g.name}" for g in ALGORITHMS[name].gauges}
+
+    return set().union(*map(series, ALGORITHMS)) - series(algorithm)
+
+
+def stop_head(head: subprocess.Popen, gcs: int) -> None:
+    """SIGTERM: most of the head's processes exit within a second, but its GCS server takes
+    ~33 s (measured here), which `ray start --block` waits out; what is left after a few seconds
+    is killed (nothing of the run is on the head any more)."""
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=60)
+    # `ray start` recorded its head as this machine's current cluster, which `ray stop` would
+    # have removed: left behind, a later bare `ray.init()` on the machine tries to join the
+    # dead head. Only the record naming this test's head is removed.
+    from ray._common.utils import get_ray_address_file
+
+    current = Path(get_ray_address_file(None))
+    if current.is_file() and current.read_text().strip() == f"127.0.0.1:{gcs}":
+        current.unlink()
+
+
+def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
+    """`--resume` of the submitted run, 2 more steps with its report: totals continue and the
+    W&B run too."""
     final = warm + 4
-    assert 0 <= bottom < top <= final, (bottom, top)  # 0: the gauge before the first step
-    assert f"step {final:4d}" in out and f'"final_version": {final}' in out
-    for name in ("learner_version", "buffer_occupancy", "consumed_staleness_bucket", "opd_reverse_kl",
-                 "rollout_tokens_per_s", "weight_sync_seconds", "format_error_rate", "eval_success", "horizon_k",
-                 "rollout_prompt_tokens_per_turn"):
-        assert f"apprentice_{name}" in scraped, name
-    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in table] == list(range(warm + 1, final + 1))
-    for row in table:
-        staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
-        assert staleness and max(staleness) <= 2 and min(staleness) >= 0
-    # Rates are over the episodes that finished during a step (None when none did).
-    per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
-    assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
-    assert any(r["eval_success_by_type"] for r in table)
-    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{final:06d}"
-
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
                               "run.report=true", f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
                              capture_output=True, text=True, timeout=300)
@@ -410,15 +475,15 @@ def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     # k = 1 + ⌊n / 2⌋ at main-loop version n, capped by the 3-turn limit.
-    assert [(r["version"], r["horizon_k"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 2.0), (4, 3.0)]
+    assert [(r["version"], dict(r["gauges"])["horizon_k"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 2.0), (4, 3.0)]
     assert all(r["reverse_kl_by_turn"] for r in rows) and any(r["format_error_rate_by_turn"] for r in rows)
 
 
-def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_retired(tmp_path):
-    # jobs.build_teacher: the nano student's model with c+ (skill bank and map), a short warm start
-    # and two GRPO steps (groups that all fail still train: the nano model fails them all), an
-    # evaluation after each (run.export_best keeps the best).
-    teacher_dir = tmp_path / "teacher"
+def build_teacher(teacher_dir: Path) -> list[str]:
+    """jobs.build_teacher: the nano student's model with c+ (skill bank and map), a short warm start
+    and two GRPO steps (groups that all fail still train: the nano model fails them all), an
+    evaluation after each (run.export_best keeps the best). Returns the teacher's overrides, as
+    built but for the map (the test's refusal)."""
     built = subprocess.run([sys.executable, "-m", "jobs.build_teacher", "--config", "jobs/configs/babyai_teacher_tiny.yaml",
                             "model.path=tiny:nano", f"run.dir={teacher_dir}", "run.steps=2", "run.eval_every=1",
                             "run.eval_tasks=4", "run.metrics_port=null", "rollout.loop.max_turns=3",
@@ -438,8 +503,12 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
         assert (manifest["version"], manifest["teacher_success"]) == (best["version"], best["eval_success"])
     else:
         assert manifest["version"] == final and manifest["teacher_success"] >= best["eval_success"]
-    teacher = ["teacher.backend=hf", f"teacher.model.path={teacher_dir / 'hf'}",
-               "teacher.privileged.skill_bank=envs/babyai_text/skills.yaml"]
+    return ["teacher.backend=hf", f"teacher.model.path={teacher_dir / 'hf'}",
+            "teacher.privileged.skill_bank=envs/babyai_text/skills.yaml"]
+
+
+def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_retired(tmp_path):
+    teacher = build_teacher(tmp_path / "teacher")
     # A teacher served without the context it was built with is refused before any actor starts.
     wrong = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, *teacher, "learner.algorithm.name=retire_opd",
                             f"run.dir={tmp_path / 'wrong'}", "run.metrics_port=null"],
@@ -466,8 +535,8 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     assert "teacher stopped by the retire_opd schedule at version 2: 1 teacher service(s) stopped, 1 rollout worker(s)" \
         in proc.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["teacher_retired"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
-    assert [r["opd_lambda"] for r in rows][-1] == 0.0 and rows[-1]["num_rollout_workers"] == 2
+    assert [r["teacher_stopped"] for r in rows] == [False, False, True, True]
+    assert dict(rows[-1]["gauges"])["opd_lambda"] == 0.0 and rows[-1]["num_rollout_workers"] == 2
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "run.steps=6",
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(), capture_output=True,
                              text=True, timeout=600)
@@ -475,7 +544,7 @@ def test_a_built_teacher_serves_retire_opd_which_frees_it_and_resume_keeps_it_re
     assert "the retire_opd schedule had stopped the teacher: no teacher service started" in resumed.stdout
     assert "teacher stopped by" not in resumed.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [r["version"] for r in rows] == list(range(1, 7)) and rows[-1]["teacher_retired"] == 1.0
+    assert [r["version"] for r in rows] == list(range(1, 7)) and rows[-1]["teacher_stopped"]
     assert rows[-1]["num_rollout_workers"] == 2
 
 

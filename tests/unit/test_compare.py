@@ -103,22 +103,22 @@ def test_teacher_arms_report_the_per_turn_kl_slope_the_teachers_cost_and_retirem
     from jobs.compare import kl_slope, teacher_facts
 
     # KL rising by 0.5 per turn, with a turn no step trained (None) and a step with no per-turn list.
-    rows = [{"version": 1, "reverse_kl_by_turn": [1.0, 1.5, None], "num_loss_tokens": 10, "teacher_retired": 0.0},
-            {"version": 2, "reverse_kl_by_turn": [1.0, None, 2.0], "num_loss_tokens": 20, "teacher_retired": 1.0},
-            {"version": 3, "reverse_kl_by_turn": None, "num_loss_tokens": 30, "teacher_retired": 1.0}]
+    rows = [{"version": 1, "reverse_kl_by_turn": [1.0, 1.5, None], "num_loss_tokens": 10, "teacher_stopped": False},
+            {"version": 2, "reverse_kl_by_turn": [1.0, None, 2.0], "num_loss_tokens": 20, "teacher_stopped": True},
+            {"version": 3, "reverse_kl_by_turn": None, "num_loss_tokens": 30, "teacher_stopped": True}]
     assert kl_slope(rows) == pytest.approx(0.5)
-    assert teacher_facts(rows, teacher=True) == {"kl_slope": pytest.approx(0.5), "retired_at": 2, "teacher_tokens": 10}
-    assert teacher_facts(rows, teacher=False) == {"kl_slope": None, "teacher_tokens": None, "retired_at": None}
+    assert teacher_facts(rows, teacher=True) == {"kl_slope": pytest.approx(0.5), "stopped_at": 2, "teacher_tokens": 10}
+    assert teacher_facts(rows, teacher=False) == {"kl_slope": None, "teacher_tokens": None, "stopped_at": None}
     assert kl_slope(rows[:1][:0]) is None
 
-    def run(successes, slope, retired_at=None):
-        return {**result(successes), "kl_slope": slope, "teacher_tokens": 100, "retired_at": retired_at}
+    def run(successes, slope, stopped_at=None):
+        return {**result(successes), "kl_slope": slope, "teacher_tokens": 100, "stopped_at": stopped_at}
 
     results = {("opd", 0): run([1, 0], 0.30), ("opd", 1): run([1, 1], 0.50), ("opd", 2): run([0, 1], 0.40),
                ("tcod", 0): run([1, 0], 0.10), ("tcod", 1): run([1, 1], 0.30, 40), ("tcod", 2): run([0, 1], 0.20, 50)}
     summary = summarize(results, "opd")
     assert summary["tcod"]["kl_slope_vs_baseline"] == (pytest.approx(-0.2), pytest.approx(0.0, abs=1e-12))
-    assert summary["tcod"]["retired"][:2] == (2, 3) and summary["opd"]["retired"][:2] == (0, 3)
+    assert summary["tcod"]["teacher_stopped"][:2] == (2, 3) and summary["opd"]["teacher_stopped"][:2] == (0, 3)
     text = report(summary, "opd", "# h")
     assert "| per-turn reverse KL slope (per turn index) | 0.400 ± " in text
     assert "per-turn KL slope, tcod - opd: -0.2000 ± 0.0000" in text

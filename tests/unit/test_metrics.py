@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster.metrics import CATALOGUE, ActorMetrics, MetricsExporter
+from cluster.metrics import CATALOGUE, ActorMetrics, Metric, MetricsExporter
 
 
 def test_catalogue_is_consistent():
@@ -34,17 +34,27 @@ def test_driver_exporter_serves_its_families():
     text = generate_latest(exporter.registry).decode()
     assert "apprentice_learner_version 3.0" in text
     assert 'apprentice_consumed_staleness_bucket{le="2.5"} 4.0' in text
+    # A job's own families (its algorithm's gauges) beside the catalogue; never in its place.
+    gauges = MetricsExporter(port=None, extra=[Metric("horizon_k", "gauge", "TCOD's horizon.")])
+    gauges.set("horizon_k", 2)
+    assert "apprentice_horizon_k 2.0" in generate_latest(gauges.registry).decode()
+    with pytest.raises(ValueError, match="'learner_version' is already a family of the catalogue"):
+        MetricsExporter(port=None, extra=[Metric("learner_version", "gauge", "mine")])
     assert "apprentice_rollout_tokens_total" not in text  # recorded by the rollout actors only
 
 
 def test_dashboard_queries_name_catalogue_series():
+    """... or a built-in algorithm's gauges, which the driver exports beside the catalogue."""
     import json
     import re
     from pathlib import Path
 
+    from learner.algorithms import ALGORITHMS
+
     dashboard = json.loads((Path(__file__).parents[2] / "cluster" / "grafana_dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     by_name = {m.name: m for m in CATALOGUE}
+    by_name |= {g.name: Metric(g.name, "gauge", g.help) for a in ALGORITHMS.values() for g in a.gauges}
     for expr in exprs:
         for ray_prefix, name in re.findall(r"\b(ray_)?apprentice_(\w+)", expr):
             base = re.sub(r"_(total|bucket|count|sum)$", "", name)

@@ -18,7 +18,7 @@ from envs.registry import EnvConfig, make_env, register_env
 from envs.tools import function_tool
 from jobs.config import ConfigError, load_config
 from learner.algorithms import (ALGORITHMS, Algorithm, AlgorithmConfig, LossOutput, StageContext, _aggregate,
-                                register_algorithm)
+                                opd_lambda, register_algorithm)
 from cluster.local import free_port
 from models.loading import ModelConfig, load_tokenizer
 from learner.trainer import LearnerConfig, Trainer
@@ -85,7 +85,7 @@ def reinforce_loss(logprobs: torch.Tensor, batch, cfg: AlgorithmConfig) -> LossO
 
 
 register_algorithm("reinforce_test", Algorithm(reinforce_loss, (reward_advantages,),
-                                                gauges=lambda cfg, step: {"opd_lambda": 0.0}))
+                                                gauges=(opd_lambda(lambda cfg, step: 0.0),)))
 
 
 @pytest.fixture(scope="module", autouse=True)

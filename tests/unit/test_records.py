@@ -20,8 +20,7 @@ def record(version: int, **totals) -> StepRecord:
                 prompt_tokens_per_turn=None, rollout_tokens_per_s=0.0, reverse_kl_by_turn=[0.5, None],
                 format_error_rate_by_turn=[0.0], response_tokens_per_turn=None, turns_to_success=None,
                 reverse_kl_head=0.4, reverse_kl_tail=0.6, student_logprob_head=-0.5, student_logprob_tail=-0.9,
-                opd_lambda=1.0, horizon_k=10.0,
-                teacher_retired=0.0)
+                gauges={"opd_lambda": 1.0, "horizon_k": 10.0}, teacher_stopped=False)
     return StepRecord(**{**base, **totals})
 
 
@@ -35,6 +34,7 @@ def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
                                 eval_success_by_type={"go_to": 1.0, "pick_up": 0.0})])
     previous = read_records(path)[-1]
     assert previous.eval_success_by_type == {"go_to": 1.0, "pick_up": 0.0}
+    assert previous.gauges == {"opd_lambda": 1.0, "horizon_k": 10.0} and previous.teacher_stopped is False
     counts = Counts.sum([{"num_episodes": 6, "num_successes": 5, "num_turns": 20, "num_format_errors": 1,
                           "num_response_tokens": 300, "num_prompt_tokens": 2000, "num_success_turns": 15, "pid": 7,
                           "num_turns@0": 6, "num_format_errors@0": 1, "num_turns@2": 4},
@@ -57,13 +57,16 @@ def test_rates_after_a_resume_come_from_this_steps_deltas(tmp_path):
 def test_an_older_schema_reads_back_with_nulls(tmp_path):
     path = tmp_path / "metrics.parquet"
     rows = [dataclasses.asdict(record(v, episodes=v)) for v in (1, 2)]
-    dropped = ("eval_success_by_type", "horizon_k", "teacher_restarts", "reverse_kl_by_turn")
-    old = pa.Table.from_pylist([{k: v for k, v in row.items() if k not in dropped} | {"retired_column": 1}
-                                for row in rows])
+    dropped = ("eval_success_by_type", "teacher_restarts", "reverse_kl_by_turn", "gauges", "teacher_stopped")
+    # Before the gauges map, λ and the horizon were columns of their own.
+    old = pa.Table.from_pylist([{k: v for k, v in row.items() if k not in dropped} | {"removed_column": 1}
+                                | {"opd_lambda": 0.5, "horizon_k": float(v)} for v, row in zip((1, 2), rows)])
     pq.write_table(old, path)
     records = read_records(path)
     assert [r.version for r in records] == [1, 2] and [r.episodes for r in records] == [1, 2]
-    assert all(r.eval_success_by_type is None and r.horizon_k is None and r.teacher_restarts is None for r in records)
+    assert all(r.eval_success_by_type is None and r.teacher_stopped is None and r.teacher_restarts is None
+               for r in records)
+    assert [r.gauges for r in records] == [{"opd_lambda": 0.5, "horizon_k": 1.0}, {"opd_lambda": 0.5, "horizon_k": 2.0}]
     # The next record's totals treat a missing total as 0; rewriting gives the current schema.
     totals = running_totals(records[-1], Counts(num_episodes=3), {}, failed_runs=0, teacher_restarts=2, wall_s=1.0)
     assert totals["teacher_restarts"] == 2 and totals["episodes"] == 5

@@ -33,8 +33,9 @@ def synthetic_run(directory, num_steps: int, warm_steps: int, seed: int, retire_
             response_tokens_per_turn=12.0 + rng.random(), turns_to_success=4.0 + rng.random(),
             reverse_kl_head=rng.random() / 2, reverse_kl_tail=rng.random(), student_logprob_head=-rng.random(),
             student_logprob_tail=-2 * rng.random(),
-            opd_lambda=0.0 if retire_at is not None and version >= retire_at else 1.0,
-            horizon_k=float(1 + i // 2), teacher_retired=float(retire_at is not None and version >= retire_at),
+            gauges={"opd_lambda": 0.0 if retire_at is not None and version >= retire_at else 1.0,
+                    "horizon_k": float(1 + i // 2)},
+            teacher_stopped=retire_at is not None and version >= retire_at,
             eval_success=rng.random() if i % 3 == 2 else None,
             eval_success_by_type={"go_to": rng.random(), "pick_up": rng.random()} if i % 3 == 2 else None))
     write_records(directory / "metrics.parquet", records)
@@ -49,7 +50,7 @@ def test_one_run_gets_every_figure_and_the_table(tmp_path, capsys):
     for name in FIGURES:
         assert (tmp_path / "opd" / f"{name}.png").stat().st_size > 5000, name
     report = (tmp_path / "opd" / "report.md").read_text()
-    assert "| opd | 6-17 | 0.30 |" in report and "teacher retired at" in report and "| 12 |" in report
+    assert "| opd | 6-17 | 0.30 |" in report and "teacher stopped at" in report and "| 12 |" in report
     assert all(f"]({name}.png)" in report for name in FIGURES)
 
 

@@ -76,9 +76,16 @@ def test_as_the_algorithms_teacher_schedule_it_measures_the_gap_since_the_last_e
     resumed = ALGORITHMS["retire_opd"].schedule(cfg, lambda: pytest.fail("measured again"), state)
     resumed.after_step(3, 5.0, None)
     assert resumed.after_step(4, 7.0, 0.3) and resumed.gaps == [2.0, 6.0] and resumed.retired_at == 4
-    assert not resumed.teacher_active() and resumed.gauges() == {"teacher_retired": 1.0}
+    assert not resumed.teacher_active()
     assert resumed.loss_config(cfg, 5).opd_lambda == 0.0 and resumed.loss_config(cfg, 5).topk_kl_coef == 0.0
     assert schedule.loss_config(cfg, 5) == cfg
     # A configured SR_T is not measured.
     configured = cfg.model_copy(update={"retirement": cfg.retirement.model_copy(update={"teacher_success": 0.9})})
     assert ALGORITHMS["retire_opd"].schedule(configured, lambda: pytest.fail("measured"), None).teacher_success == 0.9
+
+    # SR_T that cannot be measured for this teacher: the error says where to set it.
+    def unknown() -> float:
+        raise ValueError("the teacher's eval success is unknown")
+
+    with pytest.raises(ValueError, match=r"unknown: set learner.algorithm.retirement.teacher_success$"):
+        ALGORITHMS["retire_opd"].schedule(cfg, unknown, None)
