@@ -4,8 +4,9 @@ Same payloads, same pattern: P producer actors each put T trajectories of 10 tur
 (full-history prompts of 700-1600 tokens, the shape of a BabyAI-Text episode), one GRPO
 group of G trajectories per put; the driver
 consumes batches of B samples and materialises them as one Arrow table. (b) passes one
-encoded Arrow buffer per group, which the actor re-puts under its own ownership (so samples
-outlive their producer) and hands out by reference, read zero-copy; (c) sends every sample
+encoded Arrow buffer per group, which the actor copies and puts back under its own ownership
+(so samples outlive their producer), the groups since its last get in one object, and hands
+out by reference, read zero-copy; (c) sends every sample
 by value through the queue actor (batched puts, its best case). Put-to-get latency is
 measured per trajectory. Goal: (b) at least 5x (c). Both sides batch their calls; buffer
 puts do not wait for an answer (admission, not put, is the back-pressure), queue puts do

@@ -384,7 +384,8 @@ class TrainingRun:
         from buffer.actor import SampleBatch, encode_trajectories
 
         encoded = encode_trajectories(episodes)
-        batch = SampleBatch((ray.put(encoded.data),), (tuple(range(encoded.num_samples)),), (encoded.policy_versions,))
+        batch = SampleBatch((ray.put((encoded.data,)),), (0,), (tuple(range(encoded.num_samples)),),
+                            (encoded.policy_versions,))
         stats = self.learner.train(batch, sft, lr)
         if stats["skipped"]:
             self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)

@@ -48,12 +48,13 @@ def test_producers_and_a_consumer(ray_mod):
     expected = 3 * sum(1 + i % 4 for i in range(8))
     assert stats["num_put"] == expected and stats["num_resident"] == expected
 
-    seen = set()
+    seen, objects = set(), set()
     while True:
         batch = ray.get(buffer.get.remote(16, learner_version=1, timeout_s=0.2))
         if not batch.num_samples:
             break
         assert isinstance(batch, SampleBatch) and batch.num_samples <= 16
+        objects |= set(batch.table_refs)
         samples = table_to_samples(fetch_samples(batch))
         keys = [(s.trajectory_id, s.turn_index) for s in samples]
         assert [s.policy_version for s in samples] == [v for vs in batch.policy_versions for v in vs]
@@ -62,11 +63,34 @@ def test_producers_and_a_consumer(ray_mod):
         for s in samples:
             assert s.response_ids == (7, 8, s.turn_index) and len(s.prompt_ids) == s.turn_index + 3
     assert len(seen) == expected
+    assert len(objects) == 1  # the 24 tables went into the object store in one put, at the first get
     stats = ray.get(buffer.stats.remote())
     assert stats["num_consumed"] == expected and stats["staleness_histogram"] == {1: expected}
     assert stats["num_put"] == stats["num_consumed"] + stats["num_dropped_stale"] + stats["num_evicted"] + \
         stats["num_resident"]
     assert stats["num_tables_held"] == 0  # every table reference was released
+
+
+def test_tables_are_put_once_flush_bytes_gather_and_a_dropped_one_never(ray_mod):
+    import asyncio
+
+    from buffer.actor import ReplayBuffer
+
+    async def run():
+        buf = ReplayBuffer(BufferConfig(capacity_samples=100, max_staleness=0))
+        await buf.put(encode_trajectories([trajectory("old", 2, 0)]))
+        await buf.set_version(1)  # both rows stale: the table goes before it was ever put
+        assert not buf._pending and not buf._tables
+        buf = ReplayBuffer(BufferConfig(capacity_samples=100, max_staleness=0, flush_bytes=0))  # put at once
+        await buf.set_version(1)
+        for i in range(2):
+            await buf.put(encode_trajectories([trajectory(f"t{i}", 2, 1)]))
+        assert not buf._pending
+        batch = await buf.get(4, learner_version=1, timeout_s=0)
+        assert len(set(batch.table_refs)) == 2 and batch.parts == (0, 0)
+        assert [s.trajectory_id for s in table_to_samples(fetch_samples(batch))] == ["t0", "t0", "t1", "t1"]
+
+    asyncio.run(run())
 
 
 def test_get_waits_for_puts_and_times_out(ray_mod):
