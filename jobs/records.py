@@ -96,7 +96,8 @@ class StepRecord:
     buffer_occupancy: float
     buffer_resident: int
     num_rollout_workers: int
-    """Rollout workers that answered this step (restarting ones do not; a teacher its schedule stops gives its bundles to more)."""
+    """Rollout workers that answered this step (restarting ones do not; a teacher its algorithm's
+    schedule stops leaves its bundles to more)."""
     # Running totals (across resumes) and this step's rates.
     episodes: int
     successes: int

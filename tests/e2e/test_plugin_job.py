@@ -90,7 +90,8 @@ def test_a_job_runs_an_algorithm_and_its_teacher_schedule_registered_in_a_test_f
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "teacher stopped by the anneal_test schedule at version 2: 1 teacher service(s) stopped" in proc.stdout
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    assert [dict(r["gauges"]) for r in rows] == [{"opd_lambda": x} for x in (0.5, 0.25, 0.0)]  # what each step trained with
+    # λ as each step trained with it.
+    assert [dict(r["gauges"]) for r in rows] == [{"opd_lambda": x} for x in (0.5, 0.25, 0.0)]
     assert [r["teacher_stopped"] for r in rows] == [False, False, True]
     # The job's one teacher service scored with the registered backend.
     counts = [int(path.read_text()) for path in (tmp_path / "counts").iterdir()]
