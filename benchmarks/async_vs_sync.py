@@ -76,6 +76,13 @@ simulated learner's; below 1 the one buffer actor (on this machine's cores) coul
 `buffer_put_batching_speedup`: that workload's buffer samples/s over the same measurement with
 `buffer.flush_bytes: 0` (an object-store put per group, as the actor did before it batched them).
 
+Driver fan-out: the job's driver calls every rollout worker a few times per learner step (the
+weights' reference, the workers' counters and group totals, a `ray.wait` on their runs), so its
+per-step work grows with the cluster. `driver_fanout_ms_<N>` is that per step with N stand-in
+workers that answer at once (on this machine's two cores with the driver, an upper bound of the
+driver's own time); `driver_headroom_extrapolated_512` is the simulated learner step's seconds
+over the largest N's time scaled linearly to 256 workers (512 GPUs split as the preset).
+
 Samples dropped as stale are reported as a share of the samples put into the buffer over the
 whole run (`stale_drop_frac_sim`, `stale_drop_frac_real`; the real run's record holds running
 totals).
@@ -90,6 +97,7 @@ groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with segme
 synchronous run.
 
     python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 8rnd]
+        [--fanout-workers 16 64]
 """
 
 from __future__ import annotations
@@ -471,6 +479,45 @@ def buffer_samples_per_s(work: Workload, num_groups: int = 100, flush_bytes: int
         ray.kill(buffer)
 
 
+@ray.remote(num_cpus=0)
+class FanoutWorker:
+    """What the driver asks of a rollout worker once per learner step, answered at once."""
+
+    async def update_weights(self, refs: list, version: int) -> int:
+        return version
+
+    async def stats(self) -> dict[str, float]:
+        return {"num_episodes": 1.0, "num_turns": 5.0, "num_response_tokens": 600.0}
+
+    async def group_totals(self) -> dict[str, int]:
+        return {"num_groups_delivered": 1, "num_groups_without_signal": 0}
+
+    async def run(self) -> None:  # a worker's run lasts the job; the driver polls it
+        await asyncio.sleep(3600)
+
+
+def driver_fanout_s(num_workers: int, num_steps: int = 20) -> float:
+    """Seconds per learner step the driver spends on its calls to `num_workers` rollout workers:
+    what `RolloutPool` sends once a step (the weights' reference to each, each worker's counters,
+    its group totals) and the `ray.wait` on every worker's run with which the driver's loop polls
+    the pool; the workers answer at once, on this machine's cores with the driver."""
+    workers = [FanoutWorker.remote() for _ in range(num_workers)]
+    try:
+        runs = [w.run.remote() for w in workers]
+        weights = ray.put(b"weights")
+        ray.get([w.stats.remote() for w in workers])  # every worker up
+        start = time.perf_counter()
+        for version in range(num_steps):
+            ray.get([w.update_weights.remote([weights], version) for w in workers])
+            ray.get([w.stats.remote() for w in workers])
+            ray.get([w.group_totals.remote() for w in workers])
+            ray.wait(runs, num_returns=len(runs), timeout=0)
+        return (time.perf_counter() - start) / num_steps
+    finally:
+        for worker in workers:
+            ray.kill(worker)
+
+
 def real_run(max_staleness: int, steps: int, workdir: Path, staleness_of: str = "turn",
              segments: bool = False, generation: str = "stream") -> dict:
     """The embedded default through `python -m jobs.train`; rates from its metrics.parquet."""
@@ -512,6 +559,9 @@ def main() -> None:
                              "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 8rnd: "
                              "groups of 8 generated in rounds (rollout.generation: rounds), _g8_rounds)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
+    parser.add_argument("--fanout-workers", type=int, nargs="*", default=[16, 64],
+                        help="rollout workers to measure the driver's per-step calls with (the last one's time is "
+                             "extrapolated to 512 GPUs' 256 workers)")
     parser.add_argument("--skip-sim", action="store_true", help="only the real runs")
     parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
@@ -537,8 +587,11 @@ def main() -> None:
             print(f"buffer actor with groups of {work.group_size}: {buffer_rate:.0f} samples/s, "
                   f"{headroom[name]:.1f}x what the simulated learner consumed at bound 2 ({name}); "
                   f"{unbatched:.0f} samples/s with an object-store put per group (flush_bytes 0)", flush=True)
+        fanout = {n: driver_fanout_s(n) for n in args.fanout_workers}
     finally:
         ray.shutdown()
+    for n, seconds in fanout.items():
+        print(f"driver's calls to {n} rollout workers: {1000 * seconds:.1f} ms per learner step", flush=True)
     print(f"staleness counted per {args.staleness_of}")
     for name, sim in sims.items():
         for s, r in sim.items():
@@ -595,7 +648,20 @@ def main() -> None:
     print(f"RESULT async_over_sync_real={ratio_real} {' '.join(keys)} buffer_headroom_sim={worst_headroom:.1f} "
           f"buffer_headroom_extrapolated_64={worst_headroom / 8:.2f} "
           f"buffer_headroom_extrapolated_512={worst_headroom / 64:.2f} "
-          f"buffer_put_batching_speedup={batching[worst] if worst else float('nan'):.2f}")
+          f"buffer_put_batching_speedup={batching[worst] if worst else float('nan'):.2f} "
+          + driver_keys(fanout, sims))
+
+
+def driver_keys(fanout: dict[int, float], sims: dict) -> str:
+    """RESULT keys of the driver's fan-out: seconds per step at each measured size, and the
+    simulated learner step's seconds over the largest's, scaled linearly to 256 workers (a 512-GPU
+    cluster split as the preset: a rollout worker per rollout GPU, half of them)."""
+    keys = [f"driver_fanout_ms_{n}={1000 * s:.1f}" for n, s in fanout.items()]
+    if fanout and sims:
+        n = max(fanout)
+        step_s = min(sim[2]["sim_s_per_step"] for sim in sims.values())
+        keys.append(f"driver_headroom_extrapolated_512={step_s / (fanout[n] * 256 / n):.1f}")
+    return " ".join(keys)
 
 
 if __name__ == "__main__":
