@@ -11,7 +11,7 @@ one hour), measured from this script's start:
    Each clones the bot's demonstrations of its level (the warm start's SFT) for the whole of its
    time, its rate's cosine ending with the stage (`warm_start.max_wall_s`, `run.steps=0`): the
    measured alternative, a short SFT and then OPD against the oracle teacher or cloning at a
-   constant rate, lowered the success the SFT had reached (README). `--sft-share F < 1` keeps that
+   constant rate, lowered the success the SFT had reached (docs/babyai_text.md, "The hour's runs"). `--sft-share F < 1` keeps that
    alternative: the SFT fills the share F of the stage, the config's algorithm (OPD against the
    oracle teacher: DAgger's relabelling of the student's states) the rest, ending the stage early
    when its periodic evaluation reaches the stage's target (`run.target_eval_success`). A stage
