@@ -221,13 +221,16 @@ def plot_learner_time(runs: list[Run], path: Path) -> None:
 
 
 def plot_schedule(runs: list[Run], path: Path) -> None:
+    from learner.algorithms import gauge_labels
+
+    labels = gauge_labels()  # a gauge no registered algorithm declares goes by its name
     fig, ax = _figure("Algorithm gauges", "value")
     for i, run in enumerate(runs):
         prefix = f"{run.label}: " if len(runs) > 1 else ""
         names = list(dict.fromkeys(name for r in run.records for name in r.gauges or {}))
         for name, style in zip(names, itertools.cycle(("-", "--", "-.", (0, (1, 1))))):
             points = [(r.version, r.gauges[name]) for r in run.records if name in (r.gauges or {})]
-            ax.step(*zip(*points), where="post", color=f"C{i}", linestyle=style, label=f"{prefix}{name}")
+            ax.step(*zip(*points), where="post", color=f"C{i}", linestyle=style, label=f"{prefix}{labels.get(name, name)}")
         stopped = _teacher_stopped_at(run.records)
         if stopped is not None:
             ax.axvline(stopped, color=f"C{i}", linestyle=":", label=f"{prefix}teacher stopped by the schedule")

@@ -474,6 +474,8 @@ class Gauge:
     draws it in schedule.png, TensorBoard under schedule/gauges/."""
 
     name: str
+    label: str
+    """A few words for a figure's legend."""
     help: str
     """What it measures (the Prometheus help text)."""
     value: Callable[[AlgorithmConfig, int], float]
@@ -482,7 +484,7 @@ class Gauge:
 
 def opd_lambda(value: Callable[[AlgorithmConfig, int], float]) -> Gauge:
     """λ, the weight of the OPD term in the loss the step trained with (0 once a schedule stops the teacher)."""
-    return Gauge("opd_lambda", "λ: the weight of the OPD term in the loss.", value)
+    return Gauge("opd_lambda", "OPD λ", "λ: the weight of the OPD term in the loss.", value)
 
 
 @dataclass(frozen=True)
@@ -584,6 +586,11 @@ def _with_topk_scoring(stages: tuple[StageFactory, ...], cfg: AlgorithmConfig) -
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
+def gauge_labels() -> dict[str, str]:
+    """The registered algorithms' gauges' labels by name (the report's legend)."""
+    return {gauge.name: gauge.label for algorithm in ALGORITHMS.values() for gauge in algorithm.gauges}
+
+
 def register_algorithm(name: str, algorithm: Algorithm) -> None:
     if name in ALGORITHMS and ALGORITHMS[name] is not algorithm:
         raise ValueError(f"algorithm {name!r} is already registered")
@@ -606,7 +613,8 @@ register_algorithm("retire_opd", Algorithm(joint_loss, (joint_advantages, teache
 register_algorithm("sft", Algorithm(sft_loss, (successes_only,), demonstrations=True))
 register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scores),
                                      gauges=(opd_lambda(lambda cfg, step: 1.0),
-                                             Gauge("horizon_k", "TCOD's horizon k in force (turns; the document's k, "
+                                             Gauge("horizon_k", "TCOD horizon k (turns)",
+                                                   "TCOD's horizon k in force (turns; the document's k, "
                                                    "which may pass the loop's turn limit)",
                                                    lambda cfg, step: float(horizon(cfg.tcod, step)))),
                                      curriculum=lambda cfg: TCODCurriculum(cfg.tcod),
