@@ -227,10 +227,11 @@ def plot_schedule(runs: list[Run], path: Path) -> None:
     fig, ax = _figure("Algorithm gauges", "value")
     for i, run in enumerate(runs):
         prefix = f"{run.label}: " if len(runs) > 1 else ""
-        names = list(dict.fromkeys(name for r in run.records for name in r.gauges or {}))
+        names = list(dict.fromkeys(name for r in run.records for name in r.gauges))
         for name, style in zip(names, itertools.cycle(("-", "--", "-.", (0, (1, 1))))):
-            points = [(r.version, r.gauges[name]) for r in run.records if name in (r.gauges or {})]
-            ax.step(*zip(*points), where="post", color=f"C{i}", linestyle=style, label=f"{prefix}{labels.get(name, name)}")
+            points = [(r.version, r.gauges[name]) for r in run.records if name in r.gauges]
+            ax.step(*zip(*points), where="post", color=f"C{i}", linestyle=style,
+                    label=f"{prefix}{labels.get(name, name)}")
         stopped = _teacher_stopped_at(run.records)
         if stopped is not None:
             ax.axvline(stopped, color=f"C{i}", linestyle=":", label=f"{prefix}teacher stopped by the schedule")
