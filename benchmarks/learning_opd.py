@@ -89,7 +89,6 @@ def main() -> None:
           f"eval_success_end={end['overall']['success_rate']:.3f} "
           f"eval_success_random={random['overall']['success_rate']:.3f} "
           f"eval_success_expert={expert['overall']['success_rate']:.3f} "
-          # The lowest periodic evaluation: a run can end well after losing its format midway.
           f"eval_success_min={min((s for _, s in evals), default=float('nan')):.3f} "
           f"wall_s={wall:.0f} learner_idle_frac={idle:.2f}")
 
