@@ -40,11 +40,14 @@ class BabyAIExpert:
         if self._bot is None:
             return None
         taken = None if executed is None else TOOL_TO_ACTION[executed.name]
-        if self._deviation == "replan" and taken is not None and taken != self._suggested:
-            fresh = self._fresh_bot()
-            if fresh is not None:
-                self._bot, taken = fresh, None  # a new plan starts as at reset: no action to account for
         try:
+            if self._deviation == "replan" and taken is not None and taken != self._suggested:
+                # The old bot saw what faced the agent before the call: an opened box ends the plan
+                # here too (a fresh bot, never told of the call, would plan to take the vanished box).
+                self._bot._check_erroneous_box_opening(taken)
+                fresh = self._fresh_bot()
+                if fresh is not None:
+                    self._bot, taken = fresh, None  # a new plan starts as at reset: no action to account for
             action = self._bot.replan(taken)
         except DisappearedBoxError:
             self._bot = None

@@ -227,6 +227,31 @@ def advised_run(env, expert, rng, deviate_p, max_steps):
     return False, advice
 
 
+@pytest.mark.parametrize("deviation", ["undo", "replan"])
+def test_advice_after_any_deviation_toggle_included_never_raises(deviation):
+    # A student (or noise in the demonstrations) may open a box the plan needs; the bot's plan then
+    # ends (None) under either deviation mode, where a fresh plan used to try to take the vanished
+    # box and fail an assertion of minigrid's bot.
+    env = BabyAITextEnv(BabyAITextConfig(room_size=6, num_distractors=2, task_types=("go_to", "pick_up"),
+                                         expert_deviation=deviation))
+    tools = list(TOOL_TO_ACTION)
+    ended = 0
+    for seed in range(80):
+        env.reset(seed, "train")
+        expert, rng, last = env.expert(), random.Random(seed), None
+        for _ in range(60):
+            suggestion = expert.act(last)
+            if suggestion is None:
+                ended += 1
+                break
+            last = suggestion
+            if rng.random() < 0.3:
+                last = ToolCall(rng.choice([t for t in tools if t != suggestion.name]))
+            if env.step(last).done:
+                break
+    assert ended >= 1  # some plan ended early: a box was opened (the case this test is about)
+
+
 def test_replanning_advice_recovers_from_deviations_and_equals_the_bot_on_its_own_path():
     undo_env, replan_env = BabyAITextEnv(), BabyAITextEnv(BabyAITextConfig(expert_deviation="replan"))
     differed = 0
