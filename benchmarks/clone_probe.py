@@ -31,8 +31,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.agent_loop import EpisodeTask, LoopConfig, run_episodes
-from actors.expert import DemonstrationPolicy
+from actors.agent_loop import EpisodeTask, LoopConfig
+from actors.expert import demonstrations
 from envs.babyai_text import BabyAITextConfig
 from envs.parser import format_tool_call
 from envs.protocol import ToolCall
@@ -49,10 +49,12 @@ Sample = tuple[tuple[int, ...], tuple[int, ...]]
 INTERACTIONS = ("pick_up", "drop", "toggle")
 
 
-def bot_turns(tokenizer, loop: LoopConfig, env: BabyAITextConfig, first_seed: int, num_episodes: int) -> list[Sample]:
+def bot_turns(tokenizer, loop: LoopConfig, env: BabyAITextConfig, first_seed: int, num_episodes: int,
+              noise: float = 0.0) -> list[Sample]:
+    """The turns of the bot's demonstrations (`noise`: DART's, actors.expert.DemonstrationPolicy)."""
     tasks = [EpisodeTask("train", first_seed + i) for i in range(num_episodes)]
-    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, loop), loop, batch_size=32)
-    return [(t.prompt_ids, t.response_ids) for r in results if r.success for t in r.trajectory.turns]
+    trajectories = demonstrations(lambda: make_env(env), tasks, tokenizer, loop, noise, seed=first_seed)
+    return [(t.prompt_ids, t.response_ids) for trajectory in trajectories for t in trajectory.turns]
 
 
 def name_position(tokenizer) -> int:

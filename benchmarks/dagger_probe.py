@@ -15,16 +15,23 @@ at the arm's end:
 - `dagger`: rounds of (roll out the current student on fresh train tasks, sampling at
   temperature 1; label each reached state with the bot's call, advised of what the student
   actually did: `env.expert_deviation`), each round's labelled turns added to the aggregate with
-  the bot's episodes, half of every batch from each.
+  the bot's episodes, half of every batch from each;
+- `dart`: the bot's episodes with noise injected (DART, Laskey et al., 2017): at each turn the
+  bot's call is executed, or with probability `--noise` another tool drawn uniformly, and every
+  state is labelled with the bot's call. Off-path states (facing a distractor, holding the wrong
+  object) enter the data as in DAgger, without the student's roll-outs: collected like the
+  `clone` arm's episodes, before the clock starts, at the cost of environment steps only.
 
 The measure is greedy success on `--eval-tasks` eval tasks of the level, per task type, and how
 often the policy calls `pick_up`.
 
-    python benchmarks/dagger_probe.py --model DIR [--seconds 300] [--room-size 6] [--distractors 2]
-        [--task-types go_to,pick_up] [--prompt-view-only]
+    python benchmarks/dagger_probe.py --model DIR|tiny:PRESET [--seconds 300] [--room-size 6]
+        [--distractors 2] [--task-types go_to,pick_up] [--arms clone,dagger,dart] [--noise 0.3]
 
-Ends with `RESULT success_start=... success_clone=... success_dagger=... pick_up_share_clone=...
-pick_up_share_dagger=...`.
+(`tiny:PRESET`: a student from scratch, the tiny factory's model.)
+
+Ends with `RESULT success_start=... success_<arm>=... pick_up_share_<arm>=...
+pick_up_success_<arm>=...` (pick_up_success: greedy success on the `pick_up` tasks).
 """
 
 from __future__ import annotations
@@ -51,8 +58,10 @@ from envs.parser import format_tool_call
 from envs.registry import make_env
 from jobs.evaluate import executed_calls
 from models.loading import ModelConfig, load_tokenizer
+from models.tiny import tiny_model_dir
 
 STOP = "<|im_end|>"
+ARMS = ("clone", "dagger", "dart")
 
 
 class Labelled:
@@ -79,6 +88,12 @@ class Labelled:
             label = self.prompter.canonical_text(format_tool_call(expert[1]), prompt, 0)
             self.samples.append((tuple(prompt), tuple(label.response_ids)))
         return self.student.respond(episodes)
+
+
+def load_student(name: str):
+    """An exported policy directory, or `tiny:PRESET` for the tiny factory's untrained model."""
+    path = tiny_model_dir(name.removeprefix("tiny:")) if name.startswith("tiny:") else name
+    return AutoModelForCausalLM.from_pretrained(path)
 
 
 def policy(model, tokenizer, loop: LoopConfig, temperature: float, seed: int) -> ModelPolicy:
@@ -134,39 +149,52 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=100)
     parser.add_argument("--batch", type=int, default=32, help="turns per step")
     parser.add_argument("--lr", type=float, default=0.001)
-    parser.add_argument("--arms", default="clone,dagger", help="comma-separated, of clone, dagger")
+    parser.add_argument("--arms", default="clone,dagger", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--noise", type=float, default=0.3, help="dart: the share of turns executing another tool")
+    parser.add_argument("--deviation", choices=("undo", "replan"), default="undo",
+                        help="the bot's advice after a call it did not suggest (env.expert_deviation)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     args.arms = args.arms.split(",")
-    if unknown := set(args.arms) - {"clone", "dagger"}:
-        parser.error(f"unknown arms {sorted(unknown)}; known: clone, dagger")
+    if unknown := set(args.arms) - set(ARMS):
+        parser.error(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(ModelConfig(path=args.model))
     loop = LoopConfig(max_turns=20, max_context_tokens=1024,
                       prompt={"history_window": 0, "tools": "compact", "system_message": False})
     env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
-                           task_types=tuple(args.task_types.split(",")))
+                           task_types=tuple(args.task_types.split(",")), expert_deviation=args.deviation)
     bot = bot_turns(tokenizer, loop, env, 700_000_000, 4096)
-    start = AutoModelForCausalLM.from_pretrained(args.model)
-    results = {"start": evaluate(start, tokenizer, loop, env, args.eval_tasks)}
+    results = {"start": evaluate(load_student(args.model), tokenizer, loop, env, args.eval_tasks)}
     print(f"start: {results['start']}", flush=True)
 
     rng = random.Random(0)
     if "clone" in args.arms:
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = load_student(args.model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         steps = train(model, optimizer, sampler([bot], args.batch, rng), args.seconds, args.lr)
         results["clone"] = evaluate(model, tokenizer, loop, env, args.eval_tasks)
-        print(f"clone: {steps} steps, {results['clone']}", flush=True)
+        print(f"clone: {steps} steps, {len(bot)} turns, {results['clone']}", flush=True)
     if "dagger" in args.arms:
         results["dagger"] = dagger(args, tokenizer, loop, env, bot, rng)
+    if "dart" in args.arms:
+        clock = time.monotonic()
+        noisy = bot_turns(tokenizer, loop, env, 700_000_000, 4096, args.noise)
+        collected = time.monotonic() - clock
+        model = load_student(args.model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        steps = train(model, optimizer, sampler([noisy], args.batch, rng), args.seconds, args.lr)
+        results["dart"] = evaluate(model, tokenizer, loop, env, args.eval_tasks)
+        print(f"dart: {steps} steps, {len(noisy)} turns collected in {collected:.0f} s, {results['dart']}", flush=True)
     print("RESULT " + " ".join(f"success_{arm}={s:.3f}" for arm, (s, _, _) in results.items()) + " "
-          + " ".join(f"pick_up_share_{arm}={p:.3f}" for arm, (_, _, p) in results.items()))
+          + " ".join(f"pick_up_share_{arm}={p:.3f}" for arm, (_, _, p) in results.items()) + " "
+          + " ".join(f"pick_up_success_{arm}={by_type.get('pick_up', float('nan')):.3f}"
+                     for arm, (_, by_type, _) in results.items()))
 
 
 def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):
     """The DAgger arm: rounds of roll-out and relabelling, training on the aggregate; its evaluation."""
-    model = AutoModelForCausalLM.from_pretrained(args.model)
+    model = load_student(args.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     relabelled: list[Sample] = []
     clock, steps, labelled_turns = time.monotonic(), 0, 0

@@ -25,7 +25,18 @@ class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_episodes: int = Field(default=0, ge=0)
-    """Expert episodes to run on the train split (only the successful ones are kept)."""
+    """Expert episodes to run on the train split (only the successful ones are kept, or with
+    `expert_noise` every one whose expert kept a plan to its end)."""
+    expert_noise: float = Field(default=0.0, ge=0, lt=1)
+    """Share of the demonstrations' tool calls that execute another tool, drawn uniformly, while
+    the turn trains on the expert's call at that state (DART, Laskey et al. 2017): the
+    demonstrations then show states off the expert's path, e.g. a BabyAI student facing a
+    distractor or holding the wrong object, with what the expert does there
+    (`actors.expert.DemonstrationPolicy`; measured in docs/babyai_text.md, "Noise in the
+    demonstrations"). Needs prompts that show no past response (`rollout.loop.prompt.history_window: 0`):
+    a later prompt would show the call executed where the turn trained on another. With BabyAI,
+    `env.expert_deviation: replan` labels the states after a deviation with a fresh plan rather
+    than with undoing it, which a prompt without history cannot tell apart."""
     first_seed: int = Field(default=500_000_000, ge=0)
     """Seeds first_seed.. of the train split: away from the rollout workers' seeds 0, 1, ..."""
     epochs: int = Field(default=3, ge=1)
@@ -54,16 +65,15 @@ class WarmStartConfig(BaseModel):
 
 
 def demonstrations(config: WarmStartConfig, rollout, env, tokenizer) -> list[Trajectory]:
-    """The environment expert's successful episodes as token-level trajectories (policy version 0);
+    """The environment expert's episodes as token-level trajectories (policy version 0);
     `rollout`: the RolloutConfig (split, loop), `env`: the job's EnvConfig."""
-    from actors.agent_loop import EpisodeTask, run_episodes
-    from actors.expert import DemonstrationPolicy
+    from actors.agent_loop import EpisodeTask
+    from actors.expert import demonstrations as expert_demonstrations
     from envs.registry import make_env
 
     tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
-    results = run_episodes(lambda: make_env(env), tasks, DemonstrationPolicy(tokenizer, rollout.loop),
-                           rollout.loop, batch_size=32, progress="warm start: expert demonstrations")
-    return [r.trajectory for r in results if r.success]
+    return expert_demonstrations(lambda: make_env(env), tasks, tokenizer, rollout.loop, config.expert_noise,
+                                 config.seed, progress="warm start: expert demonstrations")
 
 
 def epoch_batches(trajectories: list[Trajectory], config: WarmStartConfig) -> Iterator[list[Trajectory]]:

@@ -11,7 +11,7 @@ from actors.engine import Generation, SamplingConfig
 from actors.expert import DemonstrationPolicy, ExpertPolicy
 from actors.hf_engine import HFEngine
 from buffer.expansion import can_pack, expand, to_sequences
-from envs.babyai_text import BabyAITextEnv
+from envs.babyai_text import BabyAITextConfig, BabyAITextEnv
 from envs.parser import format_tool_call
 from envs.protocol import ToolCall
 from envs.prompt import PromptConfig
@@ -83,6 +83,32 @@ def test_demonstrations_are_the_bots_calls_in_the_students_token_format(engine_a
             assert turn.response_ids[-1] == end and set(turn.behaviour_logprobs) == {0.0}
             call = json.loads(turn.executed_call)
             assert tok.decode(turn.response_ids[:-1]) == format_tool_call(ToolCall(call["name"], call["arguments"]))
+
+
+def test_noisy_demonstrations_train_on_the_experts_call_where_another_was_executed(engine_and_tokenizer):
+    _, tok = engine_and_tokenizer
+    loop = LoopConfig(max_turns=40, prompt=PromptConfig(history_window=0, tools="compact", system_message=False))
+    config = BabyAITextConfig(room_size=6, num_distractors=2, task_types=("go_to", "pick_up"), expert_deviation="replan")
+    policy = DemonstrationPolicy(tok, loop, noise=0.3, seed=1)
+    demos = run_episodes(lambda: BabyAITextEnv(config), tasks("train", range(40)), policy, loop, batch_size=8)
+    deviated = labelled = 0
+    for d in demos:
+        # Replayed from the task's start, a fresh expert advised of every executed call names, at
+        # each state, the call the turn trains on.
+        env = BabyAITextEnv(config)
+        env.reset(d.task.seed, "train")
+        expert, last = env.expert(), None
+        for turn in d.trajectory.turns:
+            executed = ToolCall.from_json(turn.executed_call)
+            advice = expert.act(last)
+            if (d.task.split, d.task.seed) not in policy.unlabelled:
+                assert tok.decode(turn.response_ids[:-1]) == format_tool_call(advice)
+                labelled += 1
+                deviated += executed != advice
+            env.step(executed)
+            last = executed
+    assert labelled > 200 and 0.2 < deviated / labelled < 0.4
+    assert sum(d.success for d in demos) >= 30  # the replanning expert recovers from most deviations
 
 
 def test_strict_malformed_turns_do_not_act_and_end_at_max_turns():
