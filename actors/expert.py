@@ -87,11 +87,11 @@ class DemonstrationPolicy:
     With `noise` > 0 (DART, Laskey et al. 2017) each tool call is, with that probability, another
     tool drawn uniformly: the response's text is the call executed and its tokens the expert's
     call at the state (the label), so the episode visits states off the expert's path (facing a
-    distractor, holding the wrong object) labelled with what the expert would do there. A turn
-    and its tokens are then sound SFT data only where later prompts do not show past responses
-    (`prompt.history_window: 0`); the warm start checks it. An episode whose expert has no plan
-    left before its end (the agent opened a box the plan needed) has no labels from then on: it
-    is listed in `unlabelled` by (split, seed).
+    distractor, holding the wrong object) labelled with what the expert would do there
+    (docs/babyai_text.md, "Off the bot's path"). A turn and its tokens are then sound SFT data only
+    where later prompts do not show past responses (`prompt.history_window: 0`). An episode whose
+    expert has no plan left before its end (the agent opened a box the plan needed) has no labels
+    from then on: it is listed in `unlabelled` by (split, seed).
     """
 
     def __init__(self, tokenizer, loop: LoopConfig, stop_token: str = "<|im_end|>",

@@ -10,12 +10,20 @@ bot episodes, greedy. Arms (same student, data seeds, batch and budget):
 - `view`: the current view only, no system message (`prompt.system_message: false`);
 - `history`: no system message, the whole episode's history.
 
-    python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
-        [--task-types go_to,pick_up] [--arms system_view,view,history]
+Whether the student binds the instruction's words to the object it faces is measured off the
+bot's path: on the turns of DART demonstrations (noise 0.3, actors.expert.DemonstrationPolicy)
+where a pick_up task's agent has an object right in front, how often it would pick up when that
+object is the one named and when it is another (the bot: always, never). `--noise` trains on
+such demonstrations instead of the bot's own; `--oversample-facing K` repeats every training turn
+of a pick_up task facing an object K times (a diagnostic: is the choice learnable at all?).
 
-Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=... majority=...` (act: the
-turns where the bot picks up, drops or toggles, the decisions that name an object; majority: the
-most frequent bot action's share of the held-out turns, what a student ignoring the view can reach).
+    python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
+        [--task-types go_to,pick_up] [--arms system_view,view,history] [--noise 0] [--oversample-facing 1]
+
+Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=...
+pick_up_facing_target_<arm>=... pick_up_facing_other_<arm>=... majority=...` (act: the turns where
+the bot picks up, drops or toggles, the decisions that name an object; majority: the most frequent
+bot action's share of the held-out turns, what a student ignoring the view can reach).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import time
 from collections import Counter
 
@@ -89,28 +98,55 @@ def sft_step(model, optimizer, samples: list[Sample]) -> None:
 
 
 @torch.no_grad()
-def correct(model, samples: list[Sample], position: int) -> list[bool]:
-    """Per sample: does the greedy tool-name token equal the bot's?"""
+def predicted(model, samples: list[Sample], position: int) -> list[int]:
+    """Per sample: the greedy tool-name token."""
     model.eval()
-    hits = []
+    tokens = []
     for i in range(0, len(samples), 32):
         chunk = samples[i:i + 32]
         ids, mask, _ = padded(chunk)
         logits = model(input_ids=ids, attention_mask=mask).logits
-        hits += [int(logits[j, len(p) + position - 1].argmax()) == r[position] for j, (p, r) in enumerate(chunk)]
+        tokens += [int(logits[j, len(p) + position - 1].argmax()) for j, (p, _) in enumerate(chunk)]
     model.train()
-    return hits
+    return tokens
 
 
-def probe(args, arm: str) -> tuple[float, float, int, float]:
-    """Held-out accuracy after `args.seconds` of SFT (all turns, the interaction turns), the steps
-    taken, and the majority share."""
+_PICK_UP_TASK = re.compile(r"Your task: pick up (?:the|a) (?:(\w+) )?(\w+)\n")
+_FACED = re.compile(r"\nYou see an? (\w+) (\w+) 1 step forward(?:\n|<)")
+
+
+def facing(tokenizer, samples: list[Sample]) -> list[bool | None]:
+    """Per turn of a pick_up task with an object right in front of the agent: whether that object
+    is one the instruction names (colour, if named, and type); None for every other turn."""
+    marks = []
+    for prompt, _ in samples:
+        text = tokenizer.decode(prompt)
+        task, faced = _PICK_UP_TASK.search(text), _FACED.search(text)
+        if task is None or faced is None:
+            marks.append(None)
+            continue
+        colour, kind = task.groups()
+        marks.append(faced.group(2) == kind and colour in (None, faced.group(1)))
+    return marks
+
+
+def probe(args, arm: str) -> dict[str, float]:
+    """After `args.seconds` of SFT: held-out accuracy (all turns, the interaction turns), the steps
+    taken, the majority share, and on the off-path turns of a pick_up task facing an object how
+    often the student and the bot pick up, the object named or not."""
     tokenizer = load_tokenizer(ModelConfig(path=f"tiny:{args.preset}"))
     loop = LoopConfig(max_turns=20, prompt=ARMS[arm])
     env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
-                           task_types=tuple(args.task_types.split(",")))
-    train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes)
+                           task_types=tuple(args.task_types.split(",")), expert_deviation="replan")
+    train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes, args.noise)
+    # A diagnostic, not a method: can the student learn the choice at all when the turns facing an
+    # object make up more of its data?
+    train += [sample for sample, mark in zip(train, facing(tokenizer, train)) if mark is not None
+              for _ in range(args.oversample_facing - 1)]
     held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
+    # Off the bot's path (DART's noise, 0.3) a pick_up task's agent often faces an object the
+    # instruction does not name, a state the bot's own episodes hardly show.
+    off_path = bot_turns(tokenizer, loop, env, 650_000_000, 8 * args.held_episodes, 0.3)
     position = name_position(tokenizer)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(args.preset))
@@ -124,16 +160,28 @@ def probe(args, arm: str) -> tuple[float, float, int, float]:
         batch, order = order[:args.batch], order[args.batch:]
         sft_step(model, optimizer, [train[i] for i in batch])
         steps += 1
-    hits = correct(model, held, position)
+    hits = [token == r[position] for token, (_, r) in zip(predicted(model, held, position), held)]
     acts = {tokenizer.encode(format_tool_call(ToolCall(name)), add_special_tokens=False)[position]
             for name in INTERACTIONS}
     act_hits = [hit for hit, (_, r) in zip(hits, held) if r[position] in acts]
-    acc, act_acc = sum(hits) / len(hits), sum(act_hits) / max(len(act_hits), 1)
+    pick_up = tokenizer.encode(format_tool_call(ToolCall("pick_up")), add_special_tokens=False)[position]
+    marks = facing(tokenizer, off_path)
+    student = predicted(model, off_path, position)
+    rates = {}
+    for named, key in ((True, "target"), (False, "other")):
+        turns = [i for i, mark in enumerate(marks) if mark is named]
+        rates[f"pick_up_facing_{key}"] = sum(student[i] == pick_up for i in turns) / max(len(turns), 1)
+        rates[f"bot_pick_up_facing_{key}"] = sum(off_path[i][1][position] == pick_up for i in turns) / max(len(turns), 1)
+        rates[f"turns_facing_{key}"] = len(turns)
+    result = {"held_acc": sum(hits) / len(hits), "held_acc_act": sum(act_hits) / max(len(act_hits), 1),
+              "steps": steps, "majority": max(Counter(r[position] for _, r in held).values()) / len(held), **rates}
     tokens = sum(len(p) + len(r) for p, r in train) / len(train)
-    print(f"{arm:<12} {tokens:>7.0f} tokens/turn {steps:>6} steps  held-out accuracy {acc:.3f} "
-          f"({act_acc:.3f} on {len(act_hits)} interaction turns)", flush=True)
-    majority = max(Counter(r[position] for _, r in held).values()) / len(held)
-    return acc, act_acc, steps, majority
+    print(f"{arm:<12} {tokens:>7.0f} tokens/turn {steps:>6} steps  held-out accuracy {result['held_acc']:.3f} "
+          f"({result['held_acc_act']:.3f} on {len(act_hits)} interaction turns); picks up facing the named "
+          f"object {rates['pick_up_facing_target']:.2f} ({rates['turns_facing_target']} turns), facing another "
+          f"{rates['pick_up_facing_other']:.2f} ({rates['turns_facing_other']}); the bot "
+          f"{rates['bot_pick_up_facing_target']:.2f}, {rates['bot_pick_up_facing_other']:.2f}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -148,6 +196,10 @@ def main() -> None:
     parser.add_argument("--held-episodes", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="turns per step")
     parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="train on DART's demonstrations with this noise")
+    parser.add_argument("--oversample-facing", type=int, default=1,
+                        help="copies of each training turn of a pick_up task facing an object")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -155,9 +207,10 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
     results = {arm: probe(args, arm) for arm in arms}
-    majority = next(iter(results.values()))[3]  # the same bot episodes in every arm: only the prompt differs
-    print("RESULT " + " ".join(f"held_acc_{arm}={acc:.3f} held_acc_act_{arm}={act:.3f} steps_{arm}={steps}"
-                               for arm, (acc, act, steps, _) in results.items()) + f" majority={majority:.3f}")
+    majority = next(iter(results.values()))["majority"]  # the same bot episodes in every arm: only the prompt differs
+    keys = ("held_acc", "held_acc_act", "steps", "pick_up_facing_target", "pick_up_facing_other")
+    print("RESULT " + " ".join(f"{key}_{arm}={r[key]}" if key == "steps" else f"{key}_{arm}={r[key]:.3f}"
+                               for arm, r in results.items() for key in keys) + f" majority={majority:.3f}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ often the policy calls `pick_up`.
 
     python benchmarks/dagger_probe.py --model DIR|tiny:PRESET [--seconds 300] [--room-size 6]
         [--distractors 2] [--task-types go_to,pick_up] [--arms clone,dagger,dart] [--noise 0.3]
+        [--deviation undo|replan]
 
 (`tiny:PRESET`: a student from scratch, the tiny factory's model.)
 
@@ -170,10 +171,7 @@ def main() -> None:
 
     rng = random.Random(0)
     if "clone" in args.arms:
-        model = load_student(args.model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        steps = train(model, optimizer, sampler([bot], args.batch, rng), args.seconds, args.lr)
-        results["clone"] = evaluate(model, tokenizer, loop, env, args.eval_tasks)
+        steps, results["clone"] = cloned(args, tokenizer, loop, env, bot, rng)
         print(f"clone: {steps} steps, {len(bot)} turns, {results['clone']}", flush=True)
     if "dagger" in args.arms:
         results["dagger"] = dagger(args, tokenizer, loop, env, bot, rng)
@@ -181,15 +179,20 @@ def main() -> None:
         clock = time.monotonic()
         noisy = bot_turns(tokenizer, loop, env, 700_000_000, 4096, args.noise)
         collected = time.monotonic() - clock
-        model = load_student(args.model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        steps = train(model, optimizer, sampler([noisy], args.batch, rng), args.seconds, args.lr)
-        results["dart"] = evaluate(model, tokenizer, loop, env, args.eval_tasks)
+        steps, results["dart"] = cloned(args, tokenizer, loop, env, noisy, rng)
         print(f"dart: {steps} steps, {len(noisy)} turns collected in {collected:.0f} s, {results['dart']}", flush=True)
     print("RESULT " + " ".join(f"success_{arm}={s:.3f}" for arm, (s, _, _) in results.items()) + " "
           + " ".join(f"pick_up_share_{arm}={p:.3f}" for arm, (_, _, p) in results.items()) + " "
           + " ".join(f"pick_up_success_{arm}={by_type.get('pick_up', float('nan')):.3f}"
                      for arm, (_, by_type, _) in results.items()))
+
+
+def cloned(args, tokenizer, loop, env, turns: list[Sample], rng: random.Random):
+    """SFT on `turns` alone for the arm's time: the steps taken and the evaluation."""
+    model = load_student(args.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    steps = train(model, optimizer, sampler([turns], args.batch, rng), args.seconds, args.lr)
+    return steps, evaluate(model, tokenizer, loop, env, args.eval_tasks)
 
 
 def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):

@@ -189,11 +189,6 @@ class JobConfig(BaseModel):
         algorithm = self.learner.algorithm
         if self.run.steps == 0 and not self.warm_start.num_episodes:
             raise ValueError("run.steps=0 trains the warm start alone, and there is none: set warm_start.num_episodes")
-        if self.warm_start.expert_noise and self.rollout.loop.prompt.history_window != 0:
-            raise ValueError(f"warm_start.expert_noise trains each turn on the expert's call where another was "
-                             f"executed, and rollout.loop.prompt.history_window="
-                             f"{self.rollout.loop.prompt.history_window} would show the executed one in later "
-                             f"prompts: set history_window: 0, or expert_noise: 0")
         if ALGORITHMS[algorithm.name].uses_teacher(algorithm) and self.teacher is None and not self.teacher_routes:
             raise ValueError(f"learner.algorithm.name={algorithm.name} needs a teacher (set the teacher section)")
         uses_judge = ALGORITHMS[algorithm.name].uses_judge(algorithm)

@@ -25,18 +25,7 @@ class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_episodes: int = Field(default=0, ge=0)
-    """Expert episodes to run on the train split (only the successful ones are kept, or with
-    `expert_noise` every one whose expert kept a plan to its end)."""
-    expert_noise: float = Field(default=0.0, ge=0, lt=1)
-    """Share of the demonstrations' tool calls that execute another tool, drawn uniformly, while
-    the turn trains on the expert's call at that state (DART, Laskey et al. 2017): the
-    demonstrations then show states off the expert's path, e.g. a BabyAI student facing a
-    distractor or holding the wrong object, with what the expert does there
-    (`actors.expert.DemonstrationPolicy`; measured in docs/babyai_text.md, "Noise in the
-    demonstrations"). Needs prompts that show no past response (`rollout.loop.prompt.history_window: 0`):
-    a later prompt would show the call executed where the turn trained on another. With BabyAI,
-    `env.expert_deviation: replan` labels the states after a deviation with a fresh plan rather
-    than with undoing it, which a prompt without history cannot tell apart."""
+    """Expert episodes to run on the train split (only the successful ones are kept)."""
     first_seed: int = Field(default=500_000_000, ge=0)
     """Seeds first_seed.. of the train split: away from the rollout workers' seeds 0, 1, ..."""
     epochs: int = Field(default=3, ge=1)
@@ -72,8 +61,8 @@ def demonstrations(config: WarmStartConfig, rollout, env, tokenizer) -> list[Tra
     from envs.registry import make_env
 
     tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
-    return expert_demonstrations(lambda: make_env(env), tasks, tokenizer, rollout.loop, config.expert_noise,
-                                 config.seed, progress="warm start: expert demonstrations")
+    return expert_demonstrations(lambda: make_env(env), tasks, tokenizer, rollout.loop,
+                                 progress="warm start: expert demonstrations")
 
 
 def epoch_batches(trajectories: list[Trajectory], config: WarmStartConfig) -> Iterator[list[Trajectory]]:
