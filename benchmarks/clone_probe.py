@@ -15,10 +15,15 @@ bot's path: on the turns of DART demonstrations (noise 0.3, actors.expert.Demons
 where a pick_up task's agent has an object right in front, how often it would pick up when that
 object is the one named and when it is another (the bot: always, never). `--noise` trains on
 such demonstrations instead of the bot's own; `--oversample-facing K` repeats every training turn
-of a pick_up task facing an object K times (a diagnostic: is the choice learnable at all?).
+of a pick_up task facing an object K times (a diagnostic: is the choice learnable at all?);
+`--ask-facing` adds an objective on the comparison itself: for each such turn, its prompt with a
+question ("Is the object in front of you the one your task names?") answered `right` or `other`
+(RESULT keys `answers_facing_target_<arm>`, `answers_facing_other_<arm>`: how often the student
+answers it right on the off-path turns).
 
     python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
         [--task-types go_to,pick_up] [--arms system_view,view,history] [--noise 0] [--oversample-facing 1]
+        [--ask-facing]
 
 Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=...
 pick_up_facing_target_<arm>=... pick_up_facing_other_<arm>=... majority=...` (act: the turns where
@@ -130,6 +135,27 @@ def facing(tokenizer, samples: list[Sample]) -> list[bool | None]:
     return marks
 
 
+QUESTION = "\nIs the object in front of you the one your task names?"
+ANSWERS = {True: "right", False: "other"}
+"""One token each in the tiny tokenizer."""
+
+
+def asked(tokenizer, samples: list[Sample], marks: list[bool | None]) -> list[Sample]:
+    """For each turn facing an object, the auxiliary question of whether it is the named one, with
+    its answer: the turn's prompt with QUESTION ending its user message."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn_end = tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    out = []
+    for (prompt, _), mark in zip(samples, marks):
+        if mark is None:
+            continue
+        assert list(prompt[-len(turn_end):]) == turn_end
+        question = tuple(tokenizer.encode(QUESTION, add_special_tokens=False))
+        answer = tuple(tokenizer.encode(ANSWERS[mark], add_special_tokens=False)) + (end,)
+        out.append((prompt[:-len(turn_end)] + question + tuple(turn_end), answer))
+    return out
+
+
 def probe(args, arm: str) -> dict[str, float]:
     """After `args.seconds` of SFT: held-out accuracy (all turns, the interaction turns), the steps
     taken, the majority share, and on the off-path turns of a pick_up task facing an object how
@@ -143,6 +169,13 @@ def probe(args, arm: str) -> dict[str, float]:
     # object make up more of its data?
     train += [sample for sample, mark in zip(train, facing(tokenizer, train)) if mark is not None
               for _ in range(args.oversample_facing - 1)]
+    if args.ask_facing:
+        # An objective on the comparison itself: answer whether the object in front is the named
+        # one; the rarer answer repeated to balance the two.
+        marks = facing(tokenizer, train)
+        questions = asked(tokenizer, train, marks)
+        other = [q for q, mark in zip(questions, [m for m in marks if m is not None]) if not mark]
+        train += questions + other * (round(len(questions) / max(len(other), 1)) - 2)
     held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
     # Off the bot's path (DART's noise, 0.3) a pick_up task's agent often faces an object the
     # instruction does not name, a state the bot's own episodes hardly show.
@@ -173,6 +206,17 @@ def probe(args, arm: str) -> dict[str, float]:
         rates[f"pick_up_facing_{key}"] = sum(student[i] == pick_up for i in turns) / max(len(turns), 1)
         rates[f"bot_pick_up_facing_{key}"] = sum(off_path[i][1][position] == pick_up for i in turns) / max(len(turns), 1)
         rates[f"turns_facing_{key}"] = len(turns)
+    if args.ask_facing:
+        questions = asked(tokenizer, off_path, marks)
+        answer_position = 0
+        answers = predicted(model, questions, answer_position)
+        named = [m for m in marks if m is not None]
+        for mark, key in ((True, "target"), (False, "other")):
+            right = tokenizer.encode(ANSWERS[mark], add_special_tokens=False)[0]
+            turns = [i for i, m in enumerate(named) if m is mark]
+            rates[f"answers_facing_{key}"] = sum(answers[i] == right for i in turns) / max(len(turns), 1)
+        print(f"answers the question right facing the named object {rates['answers_facing_target']:.2f}, "
+              f"facing another {rates['answers_facing_other']:.2f}", flush=True)
     result = {"held_acc": sum(hits) / len(hits), "held_acc_act": sum(act_hits) / max(len(act_hits), 1),
               "steps": steps, "majority": max(Counter(r[position] for _, r in held).values()) / len(held), **rates}
     tokens = sum(len(p) + len(r) for p, r in train) / len(train)
@@ -200,6 +244,8 @@ def main() -> None:
                         help="train on DART's demonstrations with this noise")
     parser.add_argument("--oversample-facing", type=int, default=1,
                         help="copies of each training turn of a pick_up task facing an object")
+    parser.add_argument("--ask-facing", action="store_true",
+                        help="add the question whether the object in front is the named one to the training turns")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -208,7 +254,8 @@ def main() -> None:
         raise ValueError(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
     results = {arm: probe(args, arm) for arm in arms}
     majority = next(iter(results.values()))["majority"]  # the same bot episodes in every arm: only the prompt differs
-    keys = ("held_acc", "held_acc_act", "steps", "pick_up_facing_target", "pick_up_facing_other")
+    keys = ("held_acc", "held_acc_act", "steps", "pick_up_facing_target", "pick_up_facing_other",
+            *(("answers_facing_target", "answers_facing_other") if args.ask_facing else ()))
     print("RESULT " + " ".join(f"{key}_{arm}={r[key]}" if key == "steps" else f"{key}_{arm}={r[key]:.3f}"
                                for arm, r in results.items() for key in keys) + f" majority={majority:.3f}")
 
