@@ -140,19 +140,19 @@ ANSWERS = {True: "right", False: "other"}
 """One token each in the tiny tokenizer."""
 
 
-def asked(tokenizer, samples: list[Sample], marks: list[bool | None]) -> list[Sample]:
-    """For each turn facing an object, the auxiliary question of whether it is the named one, with
-    its answer: the turn's prompt with QUESTION ending its user message."""
+def asked(tokenizer, samples: list[Sample], marks: list[bool | None]) -> list[tuple[Sample, bool]]:
+    """For each turn facing an object, the auxiliary question of whether it is the named one with
+    its answer (the turn's prompt with QUESTION ending its user message), and that mark."""
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    turn_end = tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    turn_end = tuple(tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False))
+    question = tuple(tokenizer.encode(QUESTION, add_special_tokens=False))
     out = []
     for (prompt, _), mark in zip(samples, marks):
         if mark is None:
             continue
-        assert list(prompt[-len(turn_end):]) == turn_end
-        question = tuple(tokenizer.encode(QUESTION, add_special_tokens=False))
+        assert prompt[-len(turn_end):] == turn_end
         answer = tuple(tokenizer.encode(ANSWERS[mark], add_special_tokens=False)) + (end,)
-        out.append((prompt[:-len(turn_end)] + question + tuple(turn_end), answer))
+        out.append(((prompt[:-len(turn_end)] + question + turn_end, answer), mark))
     return out
 
 
@@ -167,15 +167,16 @@ def probe(args, arm: str) -> dict[str, float]:
     train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes, args.noise)
     # A diagnostic, not a method: can the student learn the choice at all when the turns facing an
     # object make up more of its data?
-    train += [sample for sample, mark in zip(train, facing(tokenizer, train)) if mark is not None
-              for _ in range(args.oversample_facing - 1)]
+    marks = facing(tokenizer, train)
+    extra = [sample for sample, mark in zip(train, marks) if mark is not None
+             for _ in range(args.oversample_facing - 1)]
     if args.ask_facing:
         # An objective on the comparison itself: answer whether the object in front is the named
         # one; the rarer answer repeated to balance the two.
-        marks = facing(tokenizer, train)
         questions = asked(tokenizer, train, marks)
-        other = [q for q, mark in zip(questions, [m for m in marks if m is not None]) if not mark]
-        train += questions + other * (round(len(questions) / max(len(other), 1)) - 2)
+        other = [q for q, named in questions if not named]
+        extra += [q for q, _ in questions] + other * (round(len(questions) / max(len(other), 1)) - 2)
+    train += extra
     held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
     # Off the bot's path (DART's noise, 0.3) a pick_up task's agent often faces an object the
     # instruction does not name, a state the bot's own episodes hardly show.
@@ -204,17 +205,16 @@ def probe(args, arm: str) -> dict[str, float]:
     for named, key in ((True, "target"), (False, "other")):
         turns = [i for i, mark in enumerate(marks) if mark is named]
         rates[f"pick_up_facing_{key}"] = sum(student[i] == pick_up for i in turns) / max(len(turns), 1)
-        rates[f"bot_pick_up_facing_{key}"] = sum(off_path[i][1][position] == pick_up for i in turns) / max(len(turns), 1)
+        rates[f"bot_pick_up_facing_{key}"] = (sum(off_path[i][1][position] == pick_up for i in turns)
+                                              / max(len(turns), 1))
         rates[f"turns_facing_{key}"] = len(turns)
     if args.ask_facing:
         questions = asked(tokenizer, off_path, marks)
-        answer_position = 0
-        answers = predicted(model, questions, answer_position)
-        named = [m for m in marks if m is not None]
-        for mark, key in ((True, "target"), (False, "other")):
-            right = tokenizer.encode(ANSWERS[mark], add_special_tokens=False)[0]
-            turns = [i for i, m in enumerate(named) if m is mark]
-            rates[f"answers_facing_{key}"] = sum(answers[i] == right for i in turns) / max(len(turns), 1)
+        answers = predicted(model, [q for q, _ in questions], 0)
+        for named, key in ((True, "target"), (False, "other")):
+            right = tokenizer.encode(ANSWERS[named], add_special_tokens=False)[0]
+            given = [answer for answer, (_, mark) in zip(answers, questions) if mark is named]
+            rates[f"answers_facing_{key}"] = sum(answer == right for answer in given) / max(len(given), 1)
         print(f"answers the question right facing the named object {rates['answers_facing_target']:.2f}, "
               f"facing another {rates['answers_facing_other']:.2f}", flush=True)
     result = {"held_acc": sum(hits) / len(hits), "held_acc_act": sum(act_hits) / max(len(act_hits), 1),
