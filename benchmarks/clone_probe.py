@@ -19,11 +19,13 @@ of a pick_up task facing an object K times (a diagnostic: is the choice learnabl
 `--ask-facing` adds an objective on the comparison itself: for each such turn, its prompt with a
 question ("Is the object in front of you the one your task names?") answered `right` or `other`
 (RESULT keys `answers_facing_target_<arm>`, `answers_facing_other_<arm>`: how often the student
-answers it right on the off-path turns).
+answers it right on the off-path turns); `--ask-only` trains on those questions alone.
+The `nearest` arm is `view` with the observation's sentences nearest first
+(`env.observation_order: nearest`): the object in front is always the first one.
 
     python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
-        [--task-types go_to,pick_up] [--arms system_view,view,history] [--noise 0] [--oversample-facing 1]
-        [--ask-facing]
+        [--task-types go_to,pick_up] [--arms system_view,view,history,nearest] [--noise 0] [--oversample-facing 1]
+        [--ask-facing | --ask-only]
 
 Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=...
 pick_up_facing_target_<arm>=... pick_up_facing_other_<arm>=... majority=...` (act: the turns where
@@ -54,10 +56,11 @@ from envs.registry import make_env
 from models.loading import ModelConfig, load_tokenizer
 from models.tiny import tiny_model_dir
 
-ARMS = {
-    "system_view": {"history_window": 0, "tools": "compact"},
-    "view": {"history_window": 0, "tools": "compact", "system_message": False},
-    "history": {"history_window": "all", "tools": "compact", "system_message": False},
+ARMS = {  # arm: (prompt options, environment options)
+    "system_view": ({"history_window": 0, "tools": "compact"}, {}),
+    "view": ({"history_window": 0, "tools": "compact", "system_message": False}, {}),
+    "history": ({"history_window": "all", "tools": "compact", "system_message": False}, {}),
+    "nearest": ({"history_window": 0, "tools": "compact", "system_message": False}, {"observation_order": "nearest"}),
 }
 Sample = tuple[tuple[int, ...], tuple[int, ...]]
 INTERACTIONS = ("pick_up", "drop", "toggle")
@@ -161,22 +164,24 @@ def probe(args, arm: str) -> dict[str, float]:
     taken, the majority share, and on the off-path turns of a pick_up task facing an object how
     often the student and the bot pick up, the object named or not."""
     tokenizer = load_tokenizer(ModelConfig(path=f"tiny:{args.preset}"))
-    loop = LoopConfig(max_turns=20, prompt=ARMS[arm])
+    prompt, env_options = ARMS[arm]
+    loop = LoopConfig(max_turns=20, prompt=prompt)
     env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
-                           task_types=tuple(args.task_types.split(",")), expert_deviation="replan")
+                           task_types=tuple(args.task_types.split(",")), expert_deviation="replan", **env_options)
     train = bot_turns(tokenizer, loop, env, 500_000_000, args.train_episodes, args.noise)
     # A diagnostic, not a method: can the student learn the choice at all when the turns facing an
     # object make up more of its data?
     marks = facing(tokenizer, train)
     extra = [sample for sample, mark in zip(train, marks) if mark is not None
              for _ in range(args.oversample_facing - 1)]
-    if args.ask_facing:
+    if args.ask_facing or args.ask_only:
         # An objective on the comparison itself: answer whether the object in front is the named
         # one; the rarer answer repeated to balance the two.
         questions = asked(tokenizer, train, marks)
         other = [q for q, named in questions if not named]
         extra += [q for q, _ in questions] + other * (round(len(questions) / max(len(other), 1)) - 2)
-    train += extra
+    # --ask-only: is the comparison learnable at all, with nothing else to learn?
+    train = extra if args.ask_only else train + extra
     held = bot_turns(tokenizer, loop, env, 600_000_000, args.held_episodes)
     # Off the bot's path (DART's noise, 0.3) a pick_up task's agent often faces an object the
     # instruction does not name, a state the bot's own episodes hardly show.
@@ -208,7 +213,7 @@ def probe(args, arm: str) -> dict[str, float]:
         rates[f"bot_pick_up_facing_{key}"] = (sum(off_path[i][1][position] == pick_up for i in turns)
                                               / max(len(turns), 1))
         rates[f"turns_facing_{key}"] = len(turns)
-    if args.ask_facing:
+    if args.ask_facing or args.ask_only:
         questions = asked(tokenizer, off_path, marks)
         answers = predicted(model, [q for q, _ in questions], 0)
         for named, key in ((True, "target"), (False, "other")):
@@ -246,6 +251,8 @@ def main() -> None:
                         help="copies of each training turn of a pick_up task facing an object")
     parser.add_argument("--ask-facing", action="store_true",
                         help="add the question whether the object in front is the named one to the training turns")
+    parser.add_argument("--ask-only", action="store_true",
+                        help="train on those questions alone (is the comparison learnable at all?)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -255,7 +262,7 @@ def main() -> None:
     results = {arm: probe(args, arm) for arm in arms}
     majority = next(iter(results.values()))["majority"]  # the same bot episodes in every arm: only the prompt differs
     keys = ("held_acc", "held_acc_act", "steps", "pick_up_facing_target", "pick_up_facing_other",
-            *(("answers_facing_target", "answers_facing_other") if args.ask_facing else ()))
+            *(("answers_facing_target", "answers_facing_other") if args.ask_facing or args.ask_only else ()))
     print("RESULT " + " ".join(f"{key}_{arm}={r[key]}" if key == "steps" else f"{key}_{arm}={r[key]:.3f}"
                                for arm, r in results.items() for key in keys) + f" majority={majority:.3f}")
 

@@ -27,7 +27,7 @@ often the policy calls `pick_up`.
 
     python benchmarks/dagger_probe.py --model DIR|tiny:PRESET [--seconds 300] [--room-size 6]
         [--distractors 2] [--task-types go_to,pick_up] [--arms clone,dagger,dart] [--noise 0.3]
-        [--deviation undo|replan]
+        [--deviation undo|replan] [--observation-order scan|nearest]
 
 (`tiny:PRESET`: a student from scratch, the tiny factory's model.)
 
@@ -154,6 +154,8 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.3, help="dart: the share of turns executing another tool")
     parser.add_argument("--deviation", choices=("undo", "replan"), default="undo",
                         help="the bot's advice after a call it did not suggest (env.expert_deviation)")
+    parser.add_argument("--observation-order", choices=("scan", "nearest"), default="scan",
+                        help="env.observation_order: BabyAI-Text's, or the cell in front first")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     args.arms = args.arms.split(",")
@@ -164,7 +166,8 @@ def main() -> None:
     loop = LoopConfig(max_turns=20, max_context_tokens=1024,
                       prompt={"history_window": 0, "tools": "compact", "system_message": False})
     env = BabyAITextConfig(room_size=args.room_size, num_distractors=args.distractors,
-                           task_types=tuple(args.task_types.split(",")), expert_deviation=args.deviation)
+                           task_types=tuple(args.task_types.split(",")), expert_deviation=args.deviation,
+                           observation_order=args.observation_order)
     bot = bot_turns(tokenizer, loop, env, 700_000_000, 4096)
     results = {"start": evaluate(load_student(args.model), tokenizer, loop, env, args.eval_tasks)}
     print(f"start: {results['start']}", flush=True)

@@ -142,7 +142,8 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     hidden = len(history) - window
     start_observation = first_observation if hidden == 0 else history[hidden - 1].observation
     user = f"Your task: {task}\n"
-    if hidden:
+    # With a window of 0 no turn is ever shown and the count would only tell the turn number.
+    if hidden and config.history_window != 0:
         user += f"({hidden} earlier turn{'s' if hidden > 1 else ''} not shown.)\n"
     if working_memory is not None:
         user += f"Your working memory:\n{working_memory}\n"

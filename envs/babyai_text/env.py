@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from envs.babyai_text.level import NUM_DISTRACTORS, ROOM_SIZE, MixedTrainLocalLevel, num_rooms
 from envs.babyai_text.tasks import SPLITS, TASK_TYPES, split_size, task_spec
-from envs.babyai_text.text_obs import describe, describe_map
+from envs.babyai_text.text_obs import ObservationOrder, describe, describe_map
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
 from envs.tools import function_tool
@@ -51,6 +51,9 @@ class BabyAITextConfig(EnvConfig):
     num_distractors: int = Field(default=NUM_DISTRACTORS, ge=0, le=20)
     """Objects placed besides the ones the instruction names."""
     max_generation_attempts: int = Field(default=1000, ge=1)
+    observation_order: ObservationOrder = "scan"
+    """Order of the observation's sentences: `scan`, BabyAI-Text's (the study's); `nearest`, by
+    steps from the agent, the cell in front first (envs.babyai_text.text_obs, docs/babyai_text.md)."""
     expert_deviation: Literal["undo", "replan"] = "undo"
     """The bot's advice after a call it did not suggest (the oracle teacher's and judge's labels on
     a student's own paths): `undo` plans to undo the call first (minigrid's bot), `replan` plans
@@ -168,4 +171,4 @@ class BabyAITextEnv:
     def _observation(self, obs: dict[str, Any]) -> str:
         carrying = self._level.carrying if self._level is not None else None
         held = (carrying.color, carrying.type) if carrying is not None else None
-        return "\n".join(describe(obs["image"], held))
+        return "\n".join(describe(obs["image"], held, self.config.observation_order))

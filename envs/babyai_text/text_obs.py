@@ -7,9 +7,16 @@ are `unseen`. Sentences, one per line:
 2. walls: scan forward, then left, then right along the agent's row, skipping unseen and
    empty cells; the first other cell ends the scan and is reported only if it is a wall;
 3. every other visible object, column by column (x left to right, far to near).
+That is BabyAI-Text's order ("scan"). With order "nearest" the sentences of 2 and 3 are sorted by
+steps from the agent (forward first, then left, then right, at equal steps): the cell in front, the
+one a pick-up, drop or toggle acts on, is always the first sentence after what is carried. Same
+sentences, same content; a small student compares the object in front with the instruction's
+words at a fixed place instead of finding it among the lines (docs/babyai_text.md, "Nearest first").
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX
@@ -46,15 +53,19 @@ def _scan_wall(cells: list[int]) -> int | None:
     return None
 
 
-def describe(image: np.ndarray, carrying: tuple[str, str] | None = None) -> list[str]:
+ObservationOrder = Literal["scan", "nearest"]
+_SIDE_RANK = {"forward": 0, "left": 1, "right": 2}
+
+
+def describe(image: np.ndarray, carrying: tuple[str, str] | None = None,
+             order: ObservationOrder = "scan") -> list[str]:
     """Sentences for one egocentric view; `carrying` is (colour, type) of the held object."""
     grid = image.tolist()
     width, height = len(grid), len(grid[0])
     ax, ay = width // 2, height - 1
     objects = [[cell[0] for cell in column] for column in grid]
-    lines: list[str] = []
-    if carrying is not None:
-        lines.append(f"You carry a {carrying[0]} {carrying[1]}")
+    # (steps, side rank, sentence) in scan order; "nearest" sorts them stably on the first two.
+    seen: list[tuple[int, int, str]] = []
     scans = (
         ("forward", [objects[ax][ay - d] for d in range(1, ay + 1)]),
         ("left", [objects[ax - d][ay] for d in range(1, ax + 1)]),
@@ -63,19 +74,24 @@ def describe(image: np.ndarray, carrying: tuple[str, str] | None = None) -> list
     for direction, cells in scans:
         distance = _scan_wall(cells)
         if distance is not None:
-            lines.append(f"You see a wall {_steps(distance)} {direction}")
+            seen.append((distance, _SIDE_RANK[direction], f"You see a wall {_steps(distance)} {direction}"))
     for x in range(width):
         column = grid[x]
         for y in range(height):
             kind, color, state = column[y]
             if kind in _NOT_OBJECTS or (x == ax and y == ay):
                 continue
-            where = _where(x - ax, ay - y)
+            dx, dy = x - ax, ay - y
+            where = _where(dx, dy)
+            steps, side = abs(dx) + dy, _SIDE_RANK["forward" if dx == 0 else "left" if dx < 0 else "right"]
             if kind == _DOOR:
-                lines.append(f"You see a {_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door {where}")
+                seen.append((steps, side, f"You see a {_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door {where}"))
             else:
-                lines.append(f"You see a {IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]} {where}")
-    return lines
+                seen.append((steps, side, f"You see a {IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]} {where}"))
+    if order == "nearest":
+        seen.sort(key=lambda item: item[:2])
+    carried = [f"You carry a {carrying[0]} {carrying[1]}"] if carrying is not None else []
+    return carried + [sentence for _, _, sentence in seen]
 
 
 def _offset(forward: int, right: int) -> str:

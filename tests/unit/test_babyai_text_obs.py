@@ -87,6 +87,25 @@ def test_column_major_order_far_to_near_and_carrying():
     ]
 
 
+def test_nearest_order_puts_the_cell_in_front_first_and_keeps_every_sentence():
+    cells = {(1, 6): ("key", "blue"), (4, 5): ("key", "green"), (3, 5): ("box", "red"), (1, 1): ("box", "grey"),
+             (6, 6): ("wall", "grey"), (2, 6): ("ball", "purple")}
+    image = view(cells)
+    image[3, 6] = (OBJECT_TO_IDX["key"], COLOR_TO_IDX["yellow"], 0)
+    nearest = describe(image, carrying=("yellow", "key"), order="nearest")
+    assert nearest == [
+        "You carry a yellow key",
+        "You see a red box 1 step forward",
+        "You see a purple ball 1 step left",
+        "You see a blue key 2 steps left",
+        "You see a green key 1 step right and 1 step forward",
+        "You see a wall 3 steps right",
+        "You see a grey box 2 steps left and 5 steps forward",
+    ]
+    # Steps from the agent, then forward, left, right: only the order differs from the scan's.
+    assert sorted(nearest) == sorted(describe(image, carrying=("yellow", "key")))
+
+
 class HandBuilt(MiniGridEnv):
     """A 7x7 room; the agent at (3, 5) faces up (direction 3)."""
 

@@ -50,7 +50,7 @@ def test_window_keeps_the_last_turns_and_says_how_many_are_hidden():
     assert msgs[-1]["content"] == history[-1].observation
     assert msgs[2]["tool_calls"][0]["function"]["name"] == history[4].call.name
     zero = render_messages(PromptConfig(history_window=0), env.system_prompt, reset.task, reset.observation, history)
-    assert len(zero) == 2 and zero[1]["content"].endswith(history[-1].observation)
+    assert len(zero) == 2 and zero[1]["content"] == f"Your task: {reset.task}\n\nWhat you see:\n{history[-1].observation}"
 
 
 def test_malformed_turns_keep_raw_text_and_name_the_error():
