@@ -102,10 +102,10 @@ def policy(model, tokenizer, loop: LoopConfig, temperature: float, seed: int) ->
     return ModelPolicy(engine, tokenizer, SamplingConfig(temperature=temperature, max_new_tokens=24, seed=seed), loop)
 
 
-def evaluate(model, tokenizer, loop, env, num_tasks: int) -> tuple[float, dict[str, float], float]:
+def evaluate(model, tokenizer, loop, env, num_tasks: int, split: str = "eval") -> tuple[float, dict[str, float], float]:
     """Greedy success overall and per task type, and `pick_up`'s share of the executed calls."""
     model.eval()
-    tasks = [EpisodeTask("eval", i) for i in range(num_tasks)]
+    tasks = [EpisodeTask(split, i) for i in range(num_tasks)]
     with torch.no_grad():
         results = run_episodes(lambda: make_env(env), tasks, policy(model, tokenizer, loop, 0.0, 0), loop, batch_size=32)
     model.train()
@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--distractors", type=int, default=2)
     parser.add_argument("--task-types", default="go_to,pick_up")
     parser.add_argument("--eval-tasks", type=int, default=100)
+    parser.add_argument("--eval-split", default="eval", help="e.g. eval50: the study's 50 tasks")
     parser.add_argument("--batch", type=int, default=32, help="turns per step")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--arms", default="clone,dagger", help=f"comma-separated, of {', '.join(ARMS)}")
@@ -169,7 +170,7 @@ def main() -> None:
                            task_types=tuple(args.task_types.split(",")), expert_deviation=args.deviation,
                            observation_order=args.observation_order)
     bot = bot_turns(tokenizer, loop, env, 700_000_000, 4096)
-    results = {"start": evaluate(load_student(args.model), tokenizer, loop, env, args.eval_tasks)}
+    results = {"start": evaluate(load_student(args.model), tokenizer, loop, env, args.eval_tasks, args.eval_split)}
     print(f"start: {results['start']}", flush=True)
 
     rng = random.Random(0)
@@ -195,7 +196,7 @@ def cloned(args, tokenizer, loop, env, turns: list[Sample], rng: random.Random):
     model = load_student(args.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     steps = train(model, optimizer, sampler([turns], args.batch, rng), args.seconds, args.lr)
-    return steps, evaluate(model, tokenizer, loop, env, args.eval_tasks)
+    return steps, evaluate(model, tokenizer, loop, env, args.eval_tasks, args.eval_split)
 
 
 def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):
@@ -220,7 +221,7 @@ def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):
         if end > begin:
             steps += train(model, optimizer, sampler([bot, relabelled], args.batch, rng),
                            (end - begin) * args.seconds, args.lr, (begin, end))
-    result = evaluate(model, tokenizer, loop, env, args.eval_tasks)
+    result = evaluate(model, tokenizer, loop, env, args.eval_tasks, args.eval_split)
     print(f"dagger: {steps} steps, {labelled_turns} relabelled turns, {result}", flush=True)
     return result
 
