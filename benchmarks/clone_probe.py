@@ -56,11 +56,12 @@ from envs.registry import make_env
 from models.loading import ModelConfig, load_tokenizer
 from models.tiny import tiny_model_dir
 
+_VIEW = {"history_window": 0, "tools": "compact", "system_message": False}
 ARMS = {  # arm: (prompt options, environment options)
     "system_view": ({"history_window": 0, "tools": "compact"}, {}),
-    "view": ({"history_window": 0, "tools": "compact", "system_message": False}, {}),
-    "history": ({"history_window": "all", "tools": "compact", "system_message": False}, {}),
-    "nearest": ({"history_window": 0, "tools": "compact", "system_message": False}, {"observation_order": "nearest"}),
+    "view": (_VIEW, {}),
+    "history": ({**_VIEW, "history_window": "all"}, {}),
+    "nearest": (_VIEW, {"observation_order": "nearest"}),
 }
 Sample = tuple[tuple[int, ...], tuple[int, ...]]
 INTERACTIONS = ("pick_up", "drop", "toggle")

@@ -43,6 +43,7 @@ import os
 import random
 import time
 from collections import Counter
+from typing import get_args
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -55,6 +56,7 @@ from actors.expert import _expert_call
 from actors.hf_engine import HFEngine
 from clone_probe import Sample, bot_turns, sft_step  # benchmarks/ is on sys.path when run as a script
 from envs.babyai_text import BabyAITextConfig
+from envs.babyai_text.text_obs import ObservationOrder
 from envs.parser import format_tool_call
 from envs.registry import make_env
 from jobs.evaluate import executed_calls
@@ -155,7 +157,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.3, help="dart: the share of turns executing another tool")
     parser.add_argument("--deviation", choices=("undo", "replan"), default="undo",
                         help="the bot's advice after a call it did not suggest (env.expert_deviation)")
-    parser.add_argument("--observation-order", choices=("scan", "nearest"), default="scan",
+    parser.add_argument("--observation-order", choices=get_args(ObservationOrder), default="scan",
                         help="env.observation_order: BabyAI-Text's, or the cell in front first")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

@@ -84,10 +84,9 @@ def describe(image: np.ndarray, carrying: tuple[str, str] | None = None,
             dx, dy = x - ax, ay - y
             where = _where(dx, dy)
             steps, side = abs(dx) + dy, _SIDE_RANK["forward" if dx == 0 else "left" if dx < 0 else "right"]
-            if kind == _DOOR:
-                seen.append((steps, side, f"You see a {_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door {where}"))
-            else:
-                seen.append((steps, side, f"You see a {IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]} {where}"))
+            what = (f"{_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door" if kind == _DOOR
+                    else f"{IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]}")
+            seen.append((steps, side, f"You see a {what} {where}"))
     if order == "nearest":
         seen.sort(key=lambda item: item[:2])
     carried = [f"You carry a {carrying[0]} {carrying[1]}"] if carrying is not None else []
