@@ -209,6 +209,10 @@ class JobConfig(BaseModel):
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
+        if self.warm_start.num_mixed_samples and not (self.warm_start.num_episodes and algorithm.topk_kl_coef):
+            raise ValueError("warm_start.num_mixed_samples mixes the warm start's demonstrations into every batch, "
+                             "trained through the forward KL to the teacher's top-k: it needs "
+                             "warm_start.num_episodes > 0 and learner.algorithm.topk_kl_coef > 0")
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "

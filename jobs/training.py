@@ -200,6 +200,8 @@ class TrainingRun:
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
         self.target_reached = False
         """An evaluation reached run.target_eval_success: the loop ends."""
+        self.mix = None
+        """The demonstrations every main-loop batch carries (warm_start.num_mixed_samples), once made."""
         if resume:
             self._resume()
 
@@ -327,16 +329,12 @@ class TrainingRun:
         resumed run goes on with the main loop.
         """
         from jobs.console import progress_bar
-        from jobs.warm_start import demonstrations, epoch_batches, num_steps, progress, step_lr
+        from jobs.warm_start import epoch_batches, num_steps, progress, step_lr
         from learner.algorithms import AlgorithmConfig
-        from models.loading import load_tokenizer
 
         ws = self.config.warm_start
         start = time.perf_counter()
-        demos = demonstrations(ws, self.config.rollout, self.config.env, load_tokenizer(self.config.model))
-        if not demos:
-            raise RuntimeError(f"warm start: the expert solved none of its {ws.num_episodes} episodes within "
-                               f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
+        demos = self._demonstrations()
         total = num_steps(len(demos), ws)
         print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps"
@@ -376,6 +374,20 @@ class TrainingRun:
         if ws.export:
             self.learner.export_hf(str(self.dir / "warm_start_hf"))
 
+    def _demonstrations(self) -> list:
+        """The warm start's demonstrations; kept for the main loop's batches when it mixes them in."""
+        from jobs.warm_start import DemonstrationMix, demonstrations
+        from models.loading import load_tokenizer
+
+        ws = self.config.warm_start
+        demos = demonstrations(ws, self.config.rollout, self.config.env, load_tokenizer(self.config.model))
+        if not demos:
+            raise RuntimeError(f"warm start: the expert solved none of its {ws.num_episodes} episodes within "
+                               f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
+        if ws.num_mixed_samples:
+            self.mix = DemonstrationMix(demos, ws, self.config.teachers[0].top_k)
+        return demos
+
     def _sft_step(self, episodes: list, sft, lr: float) -> dict | None:
         """One warm-start step on these demonstrations: its warm_start.parquet row, or None when
         the learner skipped it (a non-finite loss)."""
@@ -404,6 +416,8 @@ class TrainingRun:
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         last_sample = time.monotonic()
+        if self.config.warm_start.num_mixed_samples and self.mix is None:  # resumed after the warm start
+            self._demonstrations()
         while self.version < self.warm_steps + run.steps and not should_stop() and not self.target_reached:
             wait_start = time.perf_counter()
             batch = self._wait_for_batch(B, should_stop)
@@ -416,7 +430,9 @@ class TrainingRun:
                 self._say_waiting(batch.num_samples, idle)
                 if batch.num_samples == 0:
                     continue
-            stats = self.learner.train(batch, self.loss_config(self.version - self.warm_steps))
+            mixed = self.mix.draw() if self.mix is not None else None
+            stats = self.learner.train(batch if mixed is None else batch + mixed,
+                                       self.loss_config(self.version - self.warm_steps))
             if stats["skipped"]:
                 self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
                 continue
@@ -424,7 +440,8 @@ class TrainingRun:
             sync = self._publish() if self.version % run.publish_every == 0 else 0.0
             ray.get(self.buffer.set_version.remote(self.version))
             versions = [v for vs in batch.policy_versions for v in vs]
-            row = self._record(stats, versions, idle, sync, time.perf_counter() - last)
+            row = self._record(stats, versions, idle, sync, time.perf_counter() - last,
+                               0 if mixed is None else mixed.num_samples)
             last = time.perf_counter()
             step = self.version - self.warm_steps
             if run.eval_every and step % run.eval_every == 0:
@@ -533,13 +550,15 @@ class TrainingRun:
                                                     timeout_s=min(1.0, remaining)))
         return batch
 
-    def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float) -> StepRecord:
+    def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float,
+                num_mixed_samples: int) -> StepRecord:
         # The loss config is the one this step trained with: the step before the version moved.
         gauges = self.algorithm.gauge_values(self.loss_config(self.version - self.warm_steps - 1),
                                              self.version - self.warm_steps)
         actors = {"buffer": self.buffer, "pool": self.pool, "teachers": self.teachers, "judge": self.judge}
         return self.recorder.record(self.version, stats, versions, {"idle": idle, "sync": sync, "wall": wall},
-                                    actors, gauges, teacher_stopped=not self.teacher_active)
+                                    actors, gauges, teacher_stopped=not self.teacher_active,
+                                    num_mixed_samples=num_mixed_samples)
 
     def fault_totals(self) -> dict[str, int]:
         """FAULT_TOTALS as this run's last record has them, plus the rollout failures the pool saw

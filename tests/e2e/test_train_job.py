@@ -211,8 +211,8 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     ports (free ones), `--block`/`--no-wait` and the job's length differ; the test stops the head
     it started by its process group instead of `ray stop` (which stops every Ray on the machine).
 
-    The submitted job is the embedded default, short: a small warm start, 4 steps with an eval
-    each, checkpoints, W&B offline. While it runs: every listener of the head's processes (Ray's,
+    The submitted job is the embedded default, short: a small warm start (two of its demonstrations
+    in every batch after it), 4 steps with an eval each, checkpoints, W&B offline. While it runs: every listener of the head's processes (Ray's,
     the job's metrics endpoint, vLLM's engine-core process) is on 127.0.0.1, and `jobs.status
     --address` reads the live job. The observability stack with real parts: a Prometheus server
     with the shipped scrape config scrapes the job's driver and Ray's per-node endpoint; every
@@ -248,6 +248,7 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     for row in table:
         staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
         assert staleness and max(staleness) <= 2 and min(staleness) >= 0
+        assert row["num_mixed_samples"] == 2  # two of the warm start's demonstrations in every batch
     # Rates are over the episodes that finished during a step (None when none did).
     per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
     assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
@@ -299,6 +300,7 @@ def submit_to_a_head(tmp_path: Path, run_dir: Path, driver_port: int) -> Submitt
     # last seconds, which a 5 s scrape can miss (it did once in CI).
     overrides = " ".join(SHORT[2:] + [DEFAULT_ENGINE, f"run.dir={run_dir}", "run.steps=4", "run.eval_every=1",
                                       "warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4",
+                                      "warm_start.num_mixed_samples=2",
                                       "run.wandb.project=apprentice-e2e", "run.wandb.mode=offline",
                                       f"run.metrics_port={driver_port}"])
     prometheus = None
@@ -448,6 +450,7 @@ def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
     # Totals continue across the resume (the resumed workers and buffer count from 0).
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
     assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
+    assert [r["num_mixed_samples"] for r in table] == [2] * 6  # the demonstrations made again on the resume
     # The job reports itself at its end: every figure, the table with the warm start's eval, and
     # a summary naming them as its last lines.
     assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
