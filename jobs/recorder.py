@@ -154,11 +154,12 @@ class StepRecorder:
                 f"or raise run.max_nonfinite_steps")
 
     def record(self, version: int, stats: dict, versions: list[int], timing: dict[str, float], actors: dict[str, Any],
-               gauges: dict[str, float], teacher_stopped: bool, num_mixed_samples: int = 0) -> StepRecord:
+               gauges: dict[str, float], teacher_stopped: bool, num_past_samples: int = 0) -> StepRecord:
         """The record of the step that made `version` from the learner's `stats` and the batch's
-        policy `versions` (the buffer's samples; `num_mixed_samples` demonstrations beside them); `timing`: idle, sync and wall seconds; `actors`: the buffer, the
-        pool, the teacher services and the judge (or None) to ask for their counts; `gauges`:
-        the algorithm's by name; `teacher_stopped`: its schedule had stopped the teacher."""
+        policy `versions` (the buffer's samples; `num_past_samples` of jobs.aggregate's beside
+        them); `timing`: idle, sync and wall seconds; `actors`: the buffer, the pool, the teacher
+        services and the judge (or None) to ask for their counts; `gauges`: the algorithm's by
+        name; `teacher_stopped`: its schedule had stopped the teacher."""
         import ray
 
         self._skipped_in_row = 0
@@ -186,7 +187,7 @@ class StepRecorder:
             entropy=stats["entropy"], reverse_kl=stats["reverse_kl"], topk_kl=stats["topk_kl"],
             clip_frac=stats["clip_frac"], mismatch_kl=stats["mismatch_kl"],
             reverse_kl_by_turn=stats["reverse_kl_by_turn"], num_samples=len(versions),
-            num_mixed_samples=num_mixed_samples,
+            num_past_samples=num_past_samples,
             **{key: stats[key] for key in ("reverse_kl_head", "reverse_kl_tail", "student_logprob_head",
                                            "student_logprob_tail", "reverse_kl_episode", "ratio_mean", "ratio_max",
                                            "masked_frac", "truncated_frac")},

@@ -82,8 +82,8 @@ class StepRecord:
     """k3 estimate of KL(behaviour || policy) on the trained tokens."""
     num_samples: int
     """The buffer's samples the step trained."""
-    num_mixed_samples: int
-    """The warm start's demonstrations the step trained beside them (warm_start.num_mixed_samples)."""
+    num_past_samples: int
+    """Past samples the step trained beside them (jobs.aggregate: demonstrations, replayed batches)."""
     num_loss_tokens: int
     max_staleness: int
     mean_staleness: float
@@ -213,7 +213,7 @@ class RunLog(Protocol):
 STEP_SCHEMA = pa.schema([
     ("version", pa.int64()), ("time", pa.float64()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
     ("entropy", pa.float64()), ("reverse_kl", pa.float64()), ("topk_kl", pa.float64()), ("clip_frac", pa.float64()),
-    ("mismatch_kl", pa.float64()), ("num_samples", pa.int64()), ("num_mixed_samples", pa.int64()), ("num_loss_tokens", pa.int64()),
+    ("mismatch_kl", pa.float64()), ("num_samples", pa.int64()), ("num_past_samples", pa.int64()), ("num_loss_tokens", pa.int64()),
     ("max_staleness", pa.int64()), ("mean_staleness", pa.float64()), ("sample_versions", pa.list_(pa.int64())),
     ("learner_step_s", pa.float64()), ("learner_idle_s", pa.float64()), ("weight_sync_s", pa.float64()),
     ("wall_s", pa.float64()), ("buffer_occupancy", pa.float64()), ("buffer_resident", pa.int64()),

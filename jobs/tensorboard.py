@@ -19,7 +19,7 @@ from jobs.records import StepRecord
 SECTIONS: dict[str, str] = {
     "loss": "learner", "grad_norm": "learner", "entropy": "learner", "clip_frac": "learner",
     "mismatch_kl": "mismatch", "ratio_mean": "mismatch", "ratio_max": "mismatch", "masked_frac": "mismatch",
-    "truncated_frac": "mismatch", "num_samples": "learner", "num_mixed_samples": "learner", "num_loss_tokens": "learner", "max_staleness": "learner",
+    "truncated_frac": "mismatch", "num_samples": "learner", "num_past_samples": "learner", "num_loss_tokens": "learner", "max_staleness": "learner",
     "mean_staleness": "learner", "learner_step_s": "time", "learner_idle_s": "time", "weight_sync_s": "time",
     "wall_s": "time", "reverse_kl": "kl", "topk_kl": "kl", "reverse_kl_by_turn": "kl", "reverse_kl_episode": "kl", "reverse_kl_head": "kl",
     "reverse_kl_tail": "kl", "student_logprob_head": "kl", "student_logprob_tail": "kl",

@@ -9,6 +9,8 @@ start; the driver's loop is the learner's:
       (room for (Δmax + v - v0 + 1)·B samples       (1 s polls: a stop or a      only wait
        at learner version v; refused: back off)     dead worker is seen)
     load the published weights, if newer          one optimizer step on every rank: v += 1
+                                                    (with jobs.aggregate: on the fresh samples
+                                                     and past ones drawn beside them)
     generate the group's episodes                 publish the weights (one object-store put;
     the algorithm's group-end stages                every worker acknowledges)
       (advantages, teacher / judge scoring)       buffer.set_version(v): drops the too stale
@@ -200,8 +202,8 @@ class TrainingRun:
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
         self.target_reached = False
         """An evaluation reached run.target_eval_success: the loop ends."""
-        self.mix = None
-        """The demonstrations every main-loop batch carries (warm_start.num_mixed_samples), once made."""
+        self.aggregate = None
+        """The past data every main-loop batch carries (jobs.aggregate), once made."""
         if resume:
             self._resume()
 
@@ -335,6 +337,7 @@ class TrainingRun:
         ws = self.config.warm_start
         start = time.perf_counter()
         demos = self._demonstrations()
+        self._start_aggregate(demos)
         total = num_steps(len(demos), ws)
         print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps"
@@ -375,8 +378,8 @@ class TrainingRun:
             self.learner.export_hf(str(self.dir / "warm_start_hf"))
 
     def _demonstrations(self) -> list:
-        """The warm start's demonstrations; kept for the main loop's batches when it mixes them in."""
-        from jobs.warm_start import DemonstrationMix, demonstrations
+        """The warm start's demonstrations (a resumed run makes them again for the aggregate)."""
+        from jobs.warm_start import demonstrations
         from models.loading import load_tokenizer
 
         ws = self.config.warm_start
@@ -384,9 +387,13 @@ class TrainingRun:
         if not demos:
             raise RuntimeError(f"warm start: the expert solved none of its {ws.num_episodes} episodes within "
                                f"rollout.loop.max_turns={self.config.rollout.loop.max_turns}")
-        if ws.num_mixed_samples:
-            self.mix = DemonstrationMix(demos, ws, self.config.teachers[0].top_k)
         return demos
+
+    def _start_aggregate(self, demos: list) -> None:
+        from jobs.aggregate import Aggregate
+
+        if self.config.aggregate.enabled:
+            self.aggregate = Aggregate(self.config.aggregate, demos, self.config.teachers[0].top_k)
 
     def _sft_step(self, episodes: list, sft, lr: float) -> dict | None:
         """One warm-start step on these demonstrations: its warm_start.parquet row, or None when
@@ -416,8 +423,8 @@ class TrainingRun:
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         last_sample = time.monotonic()
-        if self.config.warm_start.num_mixed_samples and self.mix is None:  # resumed after the warm start
-            self._demonstrations()
+        if self.config.aggregate.enabled and self.aggregate is None:  # resumed after the warm start, or none ran
+            self._start_aggregate(self._demonstrations() if self.config.aggregate.num_demonstration_samples else [])
         while self.version < self.warm_steps + run.steps and not should_stop() and not self.target_reached:
             wait_start = time.perf_counter()
             batch = self._wait_for_batch(B, should_stop)
@@ -430,8 +437,8 @@ class TrainingRun:
                 self._say_waiting(batch.num_samples, idle)
                 if batch.num_samples == 0:
                     continue
-            mixed = self.mix.draw() if self.mix is not None else None
-            stats = self.learner.train(batch if mixed is None else batch + mixed,
+            past = self.aggregate.draw() if self.aggregate is not None else None
+            stats = self.learner.train(batch if past is None else batch + past,
                                        self.loss_config(self.version - self.warm_steps))
             if stats["skipped"]:
                 self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
@@ -440,8 +447,10 @@ class TrainingRun:
             sync = self._publish() if self.version % run.publish_every == 0 else 0.0
             ray.get(self.buffer.set_version.remote(self.version))
             versions = [v for vs in batch.policy_versions for v in vs]
+            if self.aggregate is not None:
+                self.aggregate.keep(batch)
             row = self._record(stats, versions, idle, sync, time.perf_counter() - last,
-                               0 if mixed is None else mixed.num_samples)
+                               0 if past is None else past.num_samples)
             last = time.perf_counter()
             step = self.version - self.warm_steps
             if run.eval_every and step % run.eval_every == 0:
@@ -551,14 +560,14 @@ class TrainingRun:
         return batch
 
     def _record(self, stats: dict, versions: list[int], idle: float, sync: float, wall: float,
-                num_mixed_samples: int) -> StepRecord:
+                num_past_samples: int) -> StepRecord:
         # The loss config is the one this step trained with: the step before the version moved.
         gauges = self.algorithm.gauge_values(self.loss_config(self.version - self.warm_steps - 1),
                                              self.version - self.warm_steps)
         actors = {"buffer": self.buffer, "pool": self.pool, "teachers": self.teachers, "judge": self.judge}
         return self.recorder.record(self.version, stats, versions, {"idle": idle, "sync": sync, "wall": wall},
                                     actors, gauges, teacher_stopped=not self.teacher_active,
-                                    num_mixed_samples=num_mixed_samples)
+                                    num_past_samples=num_past_samples)
 
     def fault_totals(self) -> dict[str, int]:
         """FAULT_TOTALS as this run's last record has them, plus the rollout failures the pool saw

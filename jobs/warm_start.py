@@ -6,17 +6,11 @@ the student once a response leaves the valid calls). So, as the seeds' "SFT on t
 successes" baseline does, the run first trains a few epochs of SFT on the bot's successful
 episodes, rendered in the student's exact token format (`actors.expert.DemonstrationPolicy`).
 These optimizer steps are learner versions like any other; `TrainingRun` counts them apart.
-
-With `num_mixed_samples` the demonstrations stay after the warm start: every learner batch of the
-main loop carries that many of them beside the buffer's samples (DAgger's aggregate, Ross et al.
-2011: the expert's own states beside the student's, both labelled by the expert), scored by
-their demonstrator (`scored_by_demonstrator`), so the same loss that distils the teacher on the
-student's states is, on them, SFT (docs/babyai_text.md, "Demonstrations in every batch").
+The demonstrations may also stay for the main loop's batches (jobs.aggregate).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from typing import Iterator, Literal
@@ -55,12 +49,6 @@ class WarmStartConfig(BaseModel):
     passes over the demonstrations."""
     seed: int = 0
     """Shuffling seed of the epochs."""
-    num_mixed_samples: int = Field(default=0, ge=0)
-    """Samples of the warm start's demonstrations added to every learner batch of the main loop
-    (drawn at random, `seed`), trained through the forward KL to the teacher's top-k
-    (`learner.algorithm.topk_kl_coef` > 0), which on a demonstration is its cross-entropy. 0: the
-    main loop trains on the buffer's samples alone. A demonstration's reverse KL is 0 (behaviour
-    and teacher are both the demonstrator), so a step's mean reverse KL counts them as agreeing."""
     export: bool = False
     """Also save the warm-started policy as a HF directory, `<run.dir>/warm_start_hf` (a common
     starting point for runs that compare algorithms)."""
@@ -76,42 +64,6 @@ def demonstrations(config: WarmStartConfig, rollout, env, tokenizer) -> list[Tra
     tasks = [EpisodeTask(rollout.split, config.first_seed + i) for i in range(config.num_episodes)]
     return expert_demonstrations(lambda: make_env(env), tasks, tokenizer, rollout.loop,
                                  progress="warm start: expert demonstrations")
-
-
-def scored_by_demonstrator(trajectory: Trajectory, top_k: int) -> Trajectory:
-    """A demonstration with its demonstrator as its teacher: each response token has teacher
-    log-prob 0 and is the teacher's one top-k candidate (-1 pads the other k - 1), so the forward
-    KL to the teacher's top-k is the token's cross-entropy and the OPD advantage (teacher minus
-    behaviour log-prob, both 0) is 0."""
-    pad = (-1,) * (top_k - 1)
-    turns = tuple(dataclasses.replace(
-        turn, teacher_logprobs=(0.0,) * len(turn.response_ids),
-        teacher_topk_ids=tuple((token, *pad) for token in turn.response_ids),
-        teacher_topk_logprobs=((0.0,) * top_k,) * len(turn.response_ids)) for turn in trajectory.turns)
-    return dataclasses.replace(trajectory, turns=turns)
-
-
-class DemonstrationMix:
-    """The demonstrations kept for the main loop: put in the object store once, `draw` gives the
-    next batch's share of them as a SampleBatch (rows of the one table)."""
-
-    def __init__(self, trajectories: list[Trajectory], config: WarmStartConfig, top_k: int) -> None:
-        import ray
-
-        from buffer.actor import encode_trajectories
-
-        assert config.num_mixed_samples and top_k > 0, (config.num_mixed_samples, top_k)
-        encoded = encode_trajectories([scored_by_demonstrator(t, top_k) for t in trajectories])
-        self.ref = ray.put((encoded.data,))
-        self.num_samples = encoded.num_samples
-        self.num_drawn = min(config.num_mixed_samples, encoded.num_samples)
-        self.rng = random.Random(config.seed)
-
-    def draw(self):
-        from buffer.actor import SampleBatch
-
-        rows = tuple(sorted(self.rng.sample(range(self.num_samples), self.num_drawn)))
-        return SampleBatch((self.ref,), (0,), (rows,), ((0,) * len(rows),))
 
 
 def epoch_batches(trajectories: list[Trajectory], config: WarmStartConfig) -> Iterator[list[Trajectory]]:

@@ -515,6 +515,11 @@ class Algorithm:
     the loss learns from demonstrations collected as the run goes (sft: behaviour cloning for a
     whole run, the SFT-only arm of a comparison). Evaluations still play the model."""
 
+    behaviour_free: Callable[[AlgorithmConfig], bool] = lambda cfg: False
+    """Whether the loss with these knobs ignores which policy sampled a sample (no advantage, no
+    importance ratio: the top-k term alone): a sample then stays exact training data at any age,
+    and the main loop may train it again (jobs.aggregate's replay)."""
+
     def group_stages(self, cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
         """`stages`, plus teacher scoring when the top-k term is on (it needs the teacher's top-k)."""
         return _with_topk_scoring(self.stages, cfg)
@@ -577,6 +582,12 @@ resume or a recovery), else None; `teacher_success()` measures the teacher's eva
 (costly: call it only when needed)."""
 
 
+def topk_term_only(cfg: AlgorithmConfig) -> bool:
+    """OPD's loss with no advantage (opd_scale 0, no format term): the forward KL to the teacher's
+    top-k alone, which with the oracle teacher is DAgger's relabelling."""
+    return cfg.opd_scale == 0 and not cfg.opd_format_coef
+
+
 def _with_topk_scoring(stages: tuple[StageFactory, ...], cfg: AlgorithmConfig) -> tuple[StageFactory, ...]:
     if cfg.topk_kl_coef and teacher_scores not in stages:
         return stages + (teacher_scores,)
@@ -604,7 +615,8 @@ register_algorithm("turn_level", Algorithm(turn_level_loss,
 register_algorithm("turn_judge", Algorithm(turn_level_loss, (turn_selection, judge_rewards, episode_advantages),
                                            config_cls=TurnLevelConfig))
 register_algorithm("opd", Algorithm(opd_loss, (episode_advantages, teacher_scores),
-                                    gauges=(opd_lambda(lambda cfg, step: 1.0),), segment_stages=(teacher_scores,)))
+                                    gauges=(opd_lambda(lambda cfg, step: 1.0),), segment_stages=(teacher_scores,),
+                                    behaviour_free=topk_term_only))
 register_algorithm("joint", Algorithm(joint_loss, (joint_advantages, teacher_scores),
                                       gauges=(opd_lambda(lambda cfg, step: cfg.opd_lambda),), config_cls=JointConfig))
 register_algorithm("retire_opd", Algorithm(joint_loss, (joint_advantages, teacher_scores),
@@ -618,4 +630,5 @@ register_algorithm("tcod", Algorithm(opd_loss, (episode_advantages, teacher_scor
                                                    "which may pass the loop's turn limit)",
                                                    lambda cfg, step: float(horizon(cfg.tcod, step)))),
                                      curriculum=lambda cfg: TCODCurriculum(cfg.tcod),
-                                     segment_stages=(teacher_scores,), config_cls=TCODAlgorithmConfig))
+                                     segment_stages=(teacher_scores,), config_cls=TCODAlgorithmConfig,
+                                     behaviour_free=topk_term_only))

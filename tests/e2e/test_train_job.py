@@ -248,7 +248,7 @@ def test_a_job_through_ray_job_submit_serves_metrics_checkpoints_and_resumes(tmp
     for row in table:
         staleness = [row["version"] - 1 - v for v in row["sample_versions"]]
         assert staleness and max(staleness) <= 2 and min(staleness) >= 0
-        assert row["num_mixed_samples"] == 2  # two of the warm start's demonstrations in every batch
+        assert row["num_past_samples"] == 2  # two of the warm start's demonstrations in every batch
     # Rates are over the episodes that finished during a step (None when none did).
     per_turn = [r["prompt_tokens_per_turn"] for r in table if r["prompt_tokens_per_turn"] is not None]
     assert per_turn and min(per_turn) > 100  # the system turn with the compact tools, at least
@@ -300,7 +300,7 @@ def submit_to_a_head(tmp_path: Path, run_dir: Path, driver_port: int) -> Submitt
     # last seconds, which a 5 s scrape can miss (it did once in CI).
     overrides = " ".join(SHORT[2:] + [DEFAULT_ENGINE, f"run.dir={run_dir}", "run.steps=4", "run.eval_every=1",
                                       "warm_start.num_episodes=16", "warm_start.epochs=2", "warm_start.batch_episodes=4",
-                                      "warm_start.num_mixed_samples=2",
+                                      "aggregate.num_demonstration_samples=2",
                                       "run.wandb.project=apprentice-e2e", "run.wandb.mode=offline",
                                       f"run.metrics_port={driver_port}"])
     prometheus = None
@@ -450,7 +450,7 @@ def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
     # Totals continue across the resume (the resumed workers and buffer count from 0).
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
     assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
-    assert [r["num_mixed_samples"] for r in table] == [2] * 6  # the demonstrations made again on the resume
+    assert [r["num_past_samples"] for r in table] == [2] * 6  # the demonstrations made again on the resume
     # The job reports itself at its end: every figure, the table with the warm start's eval, and
     # a summary naming them as its last lines.
     assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)
@@ -465,7 +465,7 @@ def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
     assert f"| run | {warm + 1}-{warm + 6} |" in (run_dir / "report.md").read_text()
 
 
-def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
+def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl_and_replays_past_batches(tmp_path):
     experts = tmp_path / "expert"
     collected = subprocess.run([sys.executable, "-m", "jobs.collect_expert", "env.room_size=6", "env.num_distractors=0",
                                 "env.task_types=[go_to, pick_up]", "max_turns=3", "num_tasks=400",
@@ -476,13 +476,15 @@ def test_a_short_tcod_b2f_run_records_the_horizon_and_per_turn_kl(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jobs.train", *SHORT, f"run.dir={run_dir}", "run.steps=4",
                            "run.eval_every=0", f"run.metrics_port={free_port()}", "learner.algorithm.name=tcod",
                            "learner.algorithm.tcod.mode=b2f", f"learner.algorithm.tcod.expert_path={experts}",
-                           *HF_ENGINE],
+                           "learner.algorithm.opd_scale=0", "aggregate.num_replayed_samples=8", *HF_ENGINE],
                           cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     # k = 1 + ⌊n / 2⌋ at main-loop version n, capped by the 3-turn limit.
     assert [(r["version"], dict(r["gauges"])["horizon_k"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 2.0), (4, 3.0)]
     assert all(r["reverse_kl_by_turn"] for r in rows) and any(r["format_error_rate_by_turn"] for r in rows)
+    # The top-k term alone (DAgger's relabelling) trains past batches again: 8 of them from the second step on.
+    assert [r["num_past_samples"] for r in rows] == [0, 8, 8, 8]
 
 
 def build_teacher(teacher_dir: Path) -> list[str]:

@@ -57,8 +57,6 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["learner.algorithm.opd_advantage_clip=-1"], "learner.algorithm.opd_advantage_clip"),
     (["run.max_wall_s=0"], "run.max_wall_s"),
     (["run.steps=0", "warm_start.num_episodes=0"], "run.steps=0 trains the warm start alone, and there is none"),
-    (["warm_start.num_mixed_samples=4", "learner.algorithm.topk_kl_coef=0"],
-     "warm_start.num_mixed_samples .* needs warm_start.num_episodes > 0 and learner.algorithm.topk_kl_coef > 0"),
     (["rollout.segments=true", "learner.algorithm.name=joint"], "rollout.segments needs an algorithm without"),
     (["rollout.num_envs=2"], r"rollout.num_envs \(2\) must hold one group \(rollout.group_size=4\)"),
 ])

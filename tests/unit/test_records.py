@@ -11,7 +11,7 @@ from jobs.records import STEP_SCHEMA, Counts, StepRecord, read_records, running_
 
 def record(version: int, **totals) -> StepRecord:
     base = dict(version=version, time=0.0, loss=0.1, grad_norm=1.0, entropy=1.0, reverse_kl=0.0, topk_kl=0.0,
-                clip_frac=0.0, mismatch_kl=0.0, num_samples=2, num_mixed_samples=0, num_loss_tokens=10, max_staleness=1,
+                clip_frac=0.0, mismatch_kl=0.0, num_samples=2, num_past_samples=0, num_loss_tokens=10, max_staleness=1,
                 mean_staleness=0.5, sample_versions=[version - 1, version - 2], learner_step_s=1.0,
                 learner_idle_s=0.1, weight_sync_s=0.01, wall_s=2.0, buffer_occupancy=0.1, buffer_resident=4, num_rollout_workers=1,
                 episodes=0, successes=0, turns=0, format_errors=0, rollout_tokens=0, prompt_tokens=0,

@@ -20,7 +20,7 @@ def synthetic_run(directory, num_steps: int, warm_steps: int, seed: int, retire_
         records.append(StepRecord(
             version=version, time=1000.0 + i, loss=rng.random(), grad_norm=1.0, entropy=1.2,
             reverse_kl=rng.random(), topk_kl=rng.random() / 2, clip_frac=0.0, mismatch_kl=0.01,
-            num_samples=32, num_mixed_samples=0, num_loss_tokens=400, max_staleness=2, mean_staleness=1.0,
+            num_samples=32, num_past_samples=0, num_loss_tokens=400, max_staleness=2, mean_staleness=1.0,
             sample_versions=[version - 1 - rng.randint(0, 2) for _ in range(32)], learner_step_s=2.0,
             learner_idle_s=rng.random(), weight_sync_s=0.1, wall_s=3.0, buffer_occupancy=0.1,
             buffer_resident=10, num_rollout_workers=2, episodes=10 * i, successes=3 * i, turns=50 * i,

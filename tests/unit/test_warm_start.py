@@ -7,8 +7,7 @@ from actors.rollout_worker import RolloutConfig
 from buffer.expansion import expand, to_sequences
 from envs.babyai_text import BabyAITextConfig
 from envs.prompt import PromptConfig
-from jobs.warm_start import (WarmStartConfig, demonstrations, epoch_batches, num_steps, progress,
-                              scored_by_demonstrator, step_lr)
+from jobs.warm_start import WarmStartConfig, demonstrations, epoch_batches, num_steps, progress, step_lr
 from models.loading import ModelConfig, load_tokenizer
 
 
@@ -51,31 +50,3 @@ def test_a_time_bound_warm_start_runs_its_cosine_over_the_time_left_after_its_de
     with pytest.raises(ValueError, match="max_wall_s"):
         WarmStartConfig(max_wall_s=0)
 
-
-def test_a_demonstration_scored_by_its_demonstrator_trains_as_sft_through_the_topk_term():
-    """warm_start.num_mixed_samples: the demonstrations in every main-loop batch go through the
-    loss the rest of the batch does; on them the forward KL to the teacher's top-k is the SFT loss
-    and the OPD advantage is 0."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from learner.algorithms import AlgorithmConfig, forward_kl_topk, opd_advantages, sft_loss
-    from learner.trainer import collate, token_logprobs
-    from models.tiny import tiny_model_dir
-
-    tok = load_tokenizer(ModelConfig(path="tiny:nano"))
-    rollout = RolloutConfig(loop=LoopConfig(max_turns=6, prompt=PromptConfig(history_window=0)))
-    demos = demonstrations(WarmStartConfig(num_episodes=4, first_seed=2000), rollout, BabyAITextConfig(), tok)
-    scored = [scored_by_demonstrator(d, top_k=3) for d in demos]
-    turn = scored[0].turns[0]
-    assert turn.teacher_topk_ids[0] == (turn.response_ids[0], -1, -1) and set(turn.teacher_logprobs) == {0.0}
-    batch = collate(to_sequences([s for d in scored for s in expand(d)]), learner_version=0,
-                    pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("nano"))
-    logprobs, _, topk = token_logprobs(model, batch, with_topk=True)
-    cfg = AlgorithmConfig(opd_scale=0.0, topk_kl_coef=1.0)
-    kl, sft = forward_kl_topk(topk, batch, cfg), sft_loss(logprobs, batch, cfg)
-    assert kl.num_units == sft.num_units > 0
-    assert kl.loss_sum.item() == pytest.approx(sft.loss_sum.item(), rel=1e-5) and sft.loss_sum.item() > 1.0
-    assert not opd_advantages(batch, AlgorithmConfig())[batch.loss_mask].any()
