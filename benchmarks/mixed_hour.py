@@ -8,14 +8,15 @@ one hour), measured from this script's start:
    `starter` (6x6 room, no distractor, go_to and pick_up), `distractors` (2 distractors),
    `room` (8x8 room, 4 distractors), then `mixed` (the study's MixedTrainLocal with its six
    task types, the file as is).
-   Each clones the bot's demonstrations of its level (the warm start's SFT) for the whole of its
-   time, its rate's cosine ending with the stage (`warm_start.max_wall_s`, `run.steps=0`): the
-   measured alternative, a short SFT and then OPD against the oracle teacher or cloning at a
-   constant rate, lowered the success the SFT had reached (docs/babyai_text.md, "The hour's runs"). `--sft-share F < 1` keeps that
-   alternative: the SFT fills the share F of the stage, the config's algorithm (OPD against the
-   oracle teacher: DAgger's relabelling of the student's states) the rest, ending the stage early
-   when its periodic evaluation reaches the stage's target (`run.target_eval_success`). A stage
-   may use its share of the budget at most; the last stage gets whatever is left;
+   Each first clones the bot's demonstrations of its level (the warm start's SFT) for the share
+   `--sft-share` of its time (`warm_start.max_wall_s`, the rate's cosine ending with it), then
+   runs DAgger for the rest: the config's OPD against the oracle teacher with the top-k term
+   alone (the bot's call at every state the student reached), each batch with the warm start's
+   demonstrations and past batches beside the fresh one (`aggregate`, docs/babyai_text.md, "The
+   aggregate in the job"), ending the stage early when its periodic evaluation reaches the
+   stage's target (`run.target_eval_success`). `--sft-share 1` clones for the whole stage
+   (`run.steps=0`), the previous recipe. A stage may use its share of the budget at most; the
+   last stage gets whatever is left;
 2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
    20 turns, greedy): inside the budget;
 3. outside the budget, the floor and the ceiling on the same tasks: `policy=random` (a random
@@ -24,12 +25,12 @@ one hour), measured from this script's start:
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
 
-    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--sft-share 1.0]
+    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--sft-share 0.3]
         [--set KEY=VALUE ...]
 
-`--set` overrides the config in every stage (after the stage's own), e.g. SFT-only stages:
-`--set 'learner.algorithm={name: sft}' --set teacher=null --set rollout.group_size=1` (one
-episode per task: the bot is deterministic).
+`--set` overrides the config in every stage (after the stage's own), e.g. BabyAI-Text's own
+observation order: `--set env.observation_order=scan`; DAgger on the fresh batch alone: `--set
+aggregate.num_demonstration_samples=0 --set aggregate.num_replayed_samples=0`.
 
 Goal (issue: the seed's level on a laptop): eval50 >= 0.3 within 3,600 s on 2 cores (document
 000's Qwen3-14B with GRPO: 0.30-0.36); stretch 0.5.
@@ -72,7 +73,8 @@ class Stage:
 
 
 _LOCAL = ("env.task_types=[go_to,pick_up]",)
-_STAGE_EVAL = ("run.eval_split=eval", "run.eval_every=10", "run.eval_tasks=40")
+# Every 25 steps: at 3-4 s a step, an evaluation every 10 took a fifth of a stage's DAgger.
+_STAGE_EVAL = ("run.eval_split=eval", "run.eval_every=25", "run.eval_tasks=40")
 # About one pass over its demonstrations in a stage's time at the measured rates on 2 cores
 # (6x6 room ~3.9 SFT steps/s, the 8x8 room ~2.6, the study's level ~1.2; 4 episodes a step):
 # 2,048 demonstrations cloned for a whole stage were passed over 3-4 times.
@@ -105,7 +107,7 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
     parser.add_argument("--out", default="runs/mixed_hour")
-    parser.add_argument("--sft-share", type=float, default=1.0,
+    parser.add_argument("--sft-share", type=float, default=0.3,
                         help="share of each stage's clock its warm start's SFT fills (the rest: the run's loop)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every stage, after the stage's own (repeatable)")
