@@ -29,11 +29,11 @@ from buffer.actor import BufferConfig
 from cluster.plan import ResourcePlan
 from cluster.plugins import import_plugins
 from envs.registry import EnvSection, check_split, default_env_config, make_env
+from jobs.aggregate import AggregateConfig
 from jobs.config import ConfigError, dump_config, load_config
 from jobs.console import LogLevel, filtered_worker_logs
 from jobs.records import RunLog, last_and_best_eval
 from jobs.wandb_log import WandbConfig
-from jobs.aggregate import AggregateConfig
 from jobs.warm_start import WarmStartConfig
 from judge.service import JudgeConfig
 from learner.algorithms import ALGORITHMS

@@ -390,6 +390,7 @@ class TrainingRun:
         return demos
 
     def _start_aggregate(self, demos: list) -> None:
+        """The aggregate (jobs.aggregate) when the config asks for one, drawing on `demos`."""
         from jobs.aggregate import Aggregate
 
         if self.config.aggregate.enabled:
