@@ -337,7 +337,8 @@ class TrainingRun:
         ws = self.config.warm_start
         start = time.perf_counter()
         demos = self._demonstrations()
-        self._start_aggregate(demos)
+        if self.config.run.steps:  # a warm start alone (run.steps=0) has no batches to add them to
+            self._start_aggregate(demos)
         total = num_steps(len(demos), ws)
         print(f"warm start: the expert solved {len(demos)}/{ws.num_episodes} episodes "
               f"({time.perf_counter() - start:.1f} s); {total} SFT steps"
@@ -424,7 +425,8 @@ class TrainingRun:
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         last_sample = time.monotonic()
-        if self.config.aggregate.enabled and self.aggregate is None:  # resumed after the warm start, or none ran
+        if self.config.aggregate.enabled and self.aggregate is None and self.version < self.warm_steps + run.steps:
+            # resumed after the warm start, or none ran
             self._start_aggregate(self._demonstrations() if self.config.aggregate.num_demonstration_samples else [])
         while self.version < self.warm_steps + run.steps and not should_stop() and not self.target_reached:
             wait_start = time.perf_counter()
