@@ -53,6 +53,20 @@ class AggregateConfig(BaseModel):
     def enabled(self) -> bool:
         return bool(self.num_demonstration_samples or self.num_replayed_samples)
 
+    def check(self, algorithm, num_warm_episodes: int, behaviour_free: bool) -> None:
+        """ValueError unless the run can train what this section adds: `algorithm` is the
+        learner.algorithm config, `behaviour_free` whether its loss ignores the behaviour policy."""
+        if self.enabled and not algorithm.topk_kl_coef:
+            raise ValueError("the aggregate's past samples train through the forward KL to the teacher's top-k: "
+                             "set learner.algorithm.topk_kl_coef > 0, or aggregate.num_*_samples=0")
+        if self.num_demonstration_samples and not num_warm_episodes:
+            raise ValueError("aggregate.num_demonstration_samples draws from the warm start's demonstrations: set "
+                             "warm_start.num_episodes > 0")
+        if self.num_replayed_samples and not behaviour_free:
+            raise ValueError(f"aggregate.num_replayed_samples trains samples older than the staleness bound again, "
+                             f"which only a loss that ignores the behaviour policy accepts (opd with opd_scale 0); "
+                             f"learner.algorithm {algorithm.name} with these knobs is not one")
+
 
 def scored_by_demonstrator(trajectory: Trajectory, top_k: int) -> Trajectory:
     """A demonstration with its demonstrator as its teacher: each response token has teacher

@@ -211,17 +211,7 @@ class JobConfig(BaseModel):
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
-        aggregate = self.aggregate
-        if aggregate.enabled and not algorithm.topk_kl_coef:
-            raise ValueError("the aggregate's past samples train through the forward KL to the teacher's top-k: "
-                             "set learner.algorithm.topk_kl_coef > 0, or aggregate.num_*_samples=0")
-        if aggregate.num_demonstration_samples and not self.warm_start.num_episodes:
-            raise ValueError("aggregate.num_demonstration_samples draws from the warm start's demonstrations: set "
-                             "warm_start.num_episodes > 0")
-        if aggregate.num_replayed_samples and not ALGORITHMS[algorithm.name].behaviour_free(algorithm):
-            raise ValueError(f"aggregate.num_replayed_samples trains samples older than the staleness bound again, "
-                             f"which only a loss that ignores the behaviour policy accepts (opd with opd_scale 0); "
-                             f"learner.algorithm {algorithm.name} with these knobs is not one")
+        self.aggregate.check(algorithm, self.warm_start.num_episodes, ALGORITHMS[algorithm.name].behaviour_free(algorithm))
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
