@@ -128,6 +128,8 @@ from buffer.core import GroupLease  # noqa: E402
 from cluster.local import init_local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+ADMISSION_BACKOFF_S = 0.05
+"""RolloutWorkerConfig.admission_backoff_s's default, in simulated seconds."""
 
 
 @dataclass(frozen=True)
@@ -202,14 +204,19 @@ def learner_tokens(table, div: int, work: Workload) -> int:
     """Tokens the learner reads for a batch: each run of consecutive turns of one episode is one
     packed sequence (buffer.expansion.to_sequences), whose head re-reads its prompt: the episode's
     first prompt, or its whole history so far for a run that starts mid-episode (a segment)."""
-    tokens, prev = 0, None
-    for tid, turn, prompt, response in zip(*(table.column(c).to_pylist() for c in
-                                             ("trajectory_id", "turn_index", "prompt_ids", "response_ids"))):
-        if prev != (tid, turn - 1):
-            tokens += len(prompt) * div
-        tokens += len(response) * div + work.obs_tokens
-        prev = (tid, turn)
-    return tokens
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return 0
+    # Column-wise: a 512-GPU batch is 32,768 rows, too many to walk as Python lists on two cores.
+    ids = table.column("trajectory_id").to_numpy(zero_copy_only=False)
+    turn = table.column("turn_index").to_numpy()
+    heads = np.ones(len(ids), dtype=bool)
+    heads[1:] = (ids[1:] != ids[:-1]) | (turn[1:] != turn[:-1] + 1)
+    prompts = pc.list_value_length(table.column("prompt_ids")).to_numpy()
+    responses = pc.list_value_length(table.column("response_ids")).to_numpy()
+    return int((prompts[heads].sum() + responses.sum()) * div + work.obs_tokens * len(ids))
 
 
 class SimTeacher:
@@ -224,11 +231,21 @@ class SimTeacher:
             await asyncio.sleep(num_tokens / self.cost.teacher_tokens_per_s * self.scale)
 
 
+class RemoteTeacher:
+    """A SimTeacher actor, called as a worker in the same process calls a local one."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    async def score(self, num_tokens: int) -> None:
+        await self.actor.score.remote(num_tokens)
+
+
 class SimRolloutWorker:
     """One rollout GPU: continuous batching over its environments; the real buffer's admission."""
 
-    def __init__(self, index: int, buffer, teachers, cost: CostModel, work: Workload, scale: float, div: int) -> None:
-        self.index, self.buffer, self.teachers = index, buffer, teachers
+    def __init__(self, index: int, buffer, teacher, cost: CostModel, work: Workload, scale: float, div: int) -> None:
+        self.index, self.buffer, self.teacher = index, buffer, teacher
         self.cost, self.work, self.scale, self.div = cost, work, scale, div
         self.version, self.pending = 0, 0
         self._stop = False
@@ -240,6 +257,10 @@ class SimRolloutWorker:
     async def stop(self) -> None:
         self._stop = True
 
+    async def counters(self) -> Counter:
+        """The counters so far (a measured window's start)."""
+        return Counter(self.stats)
+
     async def run(self) -> dict:
         """Generate until stopped; returns the worker's counters."""
         rng = random.Random(self.index)
@@ -250,14 +271,20 @@ class SimRolloutWorker:
         deliveries: set[asyncio.Task] = set()
         clock, start = 0.0, time.monotonic()  # simulated seconds; sleeps aim at absolute deadlines
         next_index, prefill = 0, 0
+        # As RolloutWorker: after a refusal it asks again only once its engine hands back (an
+        # episode ended, or new weights came), or after a back-off when nothing runs.
+        asking = True
         while not self._stop:
             # Rounds: a turn in progress holds admission, new weights and every next turn back.
             between = not work.rounds or all(ep["left"] is None for ep in running)
-            while between and work.envs_per_worker - len(running) >= work.group_size + work.extra_episodes:
+            asking = asking or self.pending > self.version
+            while asking and between and work.envs_per_worker - len(running) >= work.group_size + work.extra_episodes:
                 lease = GroupLease(f"sim-{self.index}:{next_index}", f"sim-{self.index}", "train",
                                    next_index, work.group_size, next_index)
+                self.stats["admit_calls"] += 1
                 if not await self.buffer.admit_group.remote(lease):
                     self.stats["admission_waits"] += 1
+                    asking = False
                     break
                 next_index += 1
                 groups[lease.group_id] = []
@@ -271,8 +298,9 @@ class SimRolloutWorker:
                 clock += cost.reload_s
                 self.stats["reload_s"] += cost.reload_s
             if not running:  # admission refused everything: back off as the real worker does
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(ADMISSION_BACKOFF_S * self.scale)
                 clock = max(clock, (time.monotonic() - start) / self.scale)
+                asking = True
                 continue
             for ep in running if between else ():
                 if ep["left"] is None:  # a turn starts with the weights loaded now
@@ -300,6 +328,7 @@ class SimRolloutWorker:
                     continue
                 ep["turn"] += 1
                 ep["left"] = None
+                asking = asking or ep["turn"] == len(ep["plan"])
                 if ep["turn"] < len(ep["plan"]):
                     prefill += work.obs_tokens
                     still.append(ep)
@@ -335,46 +364,115 @@ class SimRolloutWorker:
 
     async def _deliver(self, group_id: str, episodes: list[dict], segments: list[asyncio.Task]) -> None:
         await asyncio.gather(*segments)
-        teacher = self.teachers[self.index % len(self.teachers)]
-        await teacher.score.remote(sum(packed_tokens(ep["plan"], self.work) for ep in episodes))
+        await self.teacher.score(sum(packed_tokens(ep["plan"], self.work) for ep in episodes))
         episodes = sorted(episodes, key=lambda ep: ep["index"])  # the group's G, indexed 0..G-1
         trajectories = [trajectory(group_id, i, ep["plan"], ep["versions"], self.work, self.div)
                         for i, ep in enumerate(episodes)]
         rest = [dataclasses.replace(t, turns=t.turns[ep["delivered"]:]) for t, ep in zip(trajectories, episodes)]
-        await self.buffer.put_group.remote(encode_trajectories([t for t in rest if t.turns]), group_id)
+        encoded = encode_trajectories([t for t in rest if t.turns])
+        await self.buffer.put_group.remote(encoded, group_id)
         self.stats["groups_put"] += 1
+        self.stats["put_bytes"] += encoded.num_bytes
 
     async def _deliver_segment(self, ep: dict, start: int, stop: int) -> None:
         """Turns [start, stop) of a running episode; the teacher reads the episode so far."""
-        teacher = self.teachers[self.index % len(self.teachers)]
-        await teacher.score.remote(packed_tokens(ep["plan"][:stop], self.work))
+        await self.teacher.score(packed_tokens(ep["plan"][:stop], self.work))
         full = trajectory(ep["group"], ep["index"], ep["plan"][:stop], ep["versions"][:stop], self.work, self.div)
-        segment = dataclasses.replace(full, turns=full.turns[start:])
-        await self.buffer.put_group.remote(encode_trajectories([segment]), ep["group"], final=False)
+        encoded = encode_trajectories([dataclasses.replace(full, turns=full.turns[start:])])
+        await self.buffer.put_group.remote(encoded, ep["group"], final=False)
         self.stats["segments_put"] += 1
+        self.stats["put_bytes"] += encoded.num_bytes
+
+
+class SimHost:
+    """Whole rollout nodes of a larger simulated cluster in one process (an actor per worker and
+    per teacher would not fit two cores): per node, as the preset splits 8 GPUs, 4 rollout workers
+    sharing 2 teachers, each worker its own asyncio task."""
+
+    def __init__(self, nodes: range, buffer, cost: CostModel, work: Workload, scale: float, div: int) -> None:
+        per_node = work.num_workers * 8 // num_gpus(work)
+        self.workers = []
+        for node in nodes:
+            teachers = [SimTeacher(cost, scale) for _ in range(work.num_teachers * 8 // num_gpus(work))]
+            self.workers += [SimRolloutWorker(node * per_node + k, buffer, teachers[k % len(teachers)], cost, work,
+                                              scale, div) for k in range(per_node)]
+
+    async def set_weights(self, version: int) -> None:
+        for worker in self.workers:
+            await worker.set_weights(version)
+
+    async def stop(self) -> None:
+        for worker in self.workers:
+            await worker.stop()
+
+    async def counters(self) -> Counter:
+        return sum((await asyncio.gather(*(w.counters() for w in self.workers))), Counter())
+
+    async def run(self) -> list[dict]:
+        return list(await asyncio.gather(*(w.run() for w in self.workers)))
+
+
+def num_gpus(work: Workload) -> int:
+    """GPUs of the simulated cluster: rollout is half of them, as in the preset."""
+    return 2 * work.num_workers
+
+
+def scaled(cost: CostModel, work: Workload, gpus: int) -> tuple[CostModel, Workload]:
+    """The gpu-8 cluster grown to `gpus` GPUs split as the preset (a half rollout, a quarter each
+    learner and teacher): the learner's data-parallel batch grows with its GPUs, so its step
+    lasts as long and it asks gpus/8 times the samples per second."""
+    if gpus % 8:
+        raise ValueError(f"a simulated cluster has a multiple of 8 GPUs, got {gpus}")
+    k = gpus // 8
+    return (dataclasses.replace(cost, learner_gpus=cost.learner_gpus * k),
+            dataclasses.replace(work, num_workers=work.num_workers * k, num_teachers=work.num_teachers * k,
+                                batch_samples=work.batch_samples * k))
+
+
+def process_cpu_s(actor) -> float:
+    """CPU seconds (user + system, every thread) the actor's process has used so far."""
+    import psutil
+
+    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostModel, work: Workload,
-             scale: float, div: int, staleness_of: str = "turn") -> dict:
-    """The simulated cluster for num_steps learner steps; rates in simulated seconds."""
-    buffer = create_buffer_actor(BufferConfig(capacity_samples=65536, max_staleness=max_staleness,
+             scale: float, div: int, staleness_of: str = "turn", num_hosts: int = 0) -> dict:
+    """The simulated cluster for num_steps learner steps; rates in simulated seconds. num_hosts > 0:
+    its rollout nodes run in that many SimHost processes (a cluster larger than gpu-8), else each
+    worker and teacher is an actor of its own."""
+    buffer = create_buffer_actor(BufferConfig(capacity_samples=max(65536, 64 * work.batch_samples),
+                                              max_staleness=max_staleness,
                                               batch_size=work.batch_samples, samples_per_episode_prior=5.0,
                                               staleness_of=staleness_of))
-    teachers = [ray.remote(SimTeacher).options(num_cpus=0).remote(cost, scale) for _ in range(work.num_teachers)]
-    workers = [ray.remote(SimRolloutWorker).options(num_cpus=0).remote(i, buffer, teachers, cost, work, scale, div)
-               for i in range(work.num_workers)]
+    if num_hosts:
+        nodes = num_gpus(work) // 8
+        teachers = []
+        workers = [ray.remote(SimHost).options(num_cpus=0).remote(
+            range(h * nodes // num_hosts, (h + 1) * nodes // num_hosts), buffer, cost, work, scale, div)
+            for h in range(num_hosts)]
+    else:
+        teachers = [ray.remote(SimTeacher).options(num_cpus=0).remote(cost, scale) for _ in range(work.num_teachers)]
+        workers = [ray.remote(SimRolloutWorker).options(num_cpus=0).remote(
+            i, buffer, RemoteTeacher(teachers[i % len(teachers)]), cost, work, scale, div)
+            for i in range(work.num_workers)]
     runs = [w.run.remote() for w in workers]
     started = time.monotonic()
     version, staleness = 0, Counter()
     turn_lag = Counter()  # versions behind the learner of each consumed turn's own weights
     idle = 0.0
     consumed, measured_from, learner_tokens_total = 0, None, 0
+    calls_from, buffer_cpu_from = Counter(), 0.0
     try:
         for step in range(num_steps):
             if step == warmup_steps:
                 measured_from, idle, consumed, staleness = time.monotonic(), 0.0, 0, Counter()
                 turn_lag = Counter()
                 learner_tokens_total = 0
+                calls_from = sum(ray.get([w.counters.remote() for w in workers]), Counter())
+                buffer_cpu_from = process_cpu_s(buffer)
             waited = time.monotonic()
             batch = None
             while batch is None or batch.num_samples < work.batch_samples:
@@ -398,18 +496,21 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
             ray.get([w.set_weights.remote(version) for w in workers])  # before admission may move on
             ray.get(buffer.set_version.remote(version))
         elapsed = time.monotonic() - measured_from
+        buffer_cpu_s = process_cpu_s(buffer) - buffer_cpu_from
+        calls = sum(ray.get([w.counters.remote() for w in workers]), Counter()) - calls_from
         stats = ray.get(buffer.stats.remote())
         ray.get([w.stop.remote() for w in workers])
-        worker_stats = ray.get(runs)
+        worker_stats = [s for run in ray.get(runs) for s in (run if num_hosts else [run])]
     finally:
         for actor in [*workers, *teachers, buffer]:
             ray.kill(actor)
     sim_s = elapsed / scale
+    measured_steps = num_steps - warmup_steps
     return {"samples_per_s": consumed / sim_s, "learner_idle": idle / elapsed,
             "staleness": dict(sorted(staleness.items())), "dropped_stale": stats["num_dropped_stale"],
             "turn_lag": dict(sorted(turn_lag.items())),
             "turns_beyond_bound": sum(n for lag, n in turn_lag.items() if lag > max_staleness) / max(consumed, 1),
-            "sim_s_per_step": sim_s / (num_steps - warmup_steps),
+            "sim_s_per_step": sim_s / measured_steps,
             "learner_tokens_per_sample": learner_tokens_total / max(consumed, 1),
             "segments_put": sum(s.get("segments_put", 0) for s in worker_stats),
             "decoded_tokens_per_s": sum(s.get("decoded_tokens", 0) for s in worker_stats) / sim_s,
@@ -418,7 +519,13 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
             "wasted_frac": sum(s.get("wasted_tokens", 0) for s in worker_stats)
                            / max(sum(s.get("decoded_tokens", 0) for s in worker_stats), 1),
             "delivered_turns_per_episode": sum(s.get("delivered_turns", 0) for s in worker_stats)
-                                           / max(sum(s.get("delivered_episodes", 0) for s in worker_stats), 1)}
+                                           / max(sum(s.get("delivered_episodes", 0) for s in worker_stats), 1),
+            # The one buffer actor's load: CPU seconds it used per simulated second, inverted (how
+            # many times this traffic its core could serve), and the calls and bytes behind it.
+            "buffer_headroom": sim_s / max(buffer_cpu_s, 1e-9),
+            "admit_calls_per_s": calls["admit_calls"] / sim_s,
+            "put_calls_per_s": (calls["groups_put"] + calls["segments_put"]) / sim_s,
+            "put_mb_per_step": calls["put_bytes"] * div / measured_steps / 1e6}
 
 
 def mean_turns(work: Workload, num: int = 100_000) -> float:
@@ -562,6 +669,13 @@ def main() -> None:
     parser.add_argument("--fanout-workers", type=int, nargs="*", default=[16, 64],
                         help="rollout workers to measure the driver's per-step calls with (the last one's time is "
                              "extrapolated to 512 GPUs' 256 workers)")
+    parser.add_argument("--cluster-gpus", type=int, nargs="*", default=[64, 512],
+                        help="larger simulated clusters (GPUs, split as the preset) to run at bound 2")
+    parser.add_argument("--cluster-workload", default="1",
+                        help="their workload (default groups of 1: the most buffer calls per sample)")
+    parser.add_argument("--cluster-steps", type=int, default=6, help="their learner steps (2 of warm-up)")
+    parser.add_argument("--cluster-time-scale", type=float, default=0.1,
+                        help="their real seconds per simulated second, per 8 GPUs (two cores run them all)")
     parser.add_argument("--skip-sim", action="store_true", help="only the real runs")
     parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
                         help="buffer.staleness_of of the runs with a bound > 0 (the version Δmax counts "
@@ -587,6 +701,12 @@ def main() -> None:
             print(f"buffer actor with groups of {work.group_size}: {buffer_rate:.0f} samples/s, "
                   f"{headroom[name]:.1f}x what the simulated learner consumed at bound 2 ({name}); "
                   f"{unbatched:.0f} samples/s with an object-store put per group (flush_bytes 0)", flush=True)
+        clusters = {}
+        for gpus in ([] if args.skip_sim else args.cluster_gpus):
+            big_cost, big_work = scaled(cost, parse_workload(args.cluster_workload), gpus)
+            clusters[gpus] = simulate(2, args.cluster_steps, args.warmup_steps, big_cost, big_work,
+                                      args.cluster_time_scale * gpus / 8, args.payload_div, args.staleness_of,
+                                      num_hosts=min(gpus // 8, 8))
         fanout = {n: driver_fanout_s(n) for n in args.fanout_workers}
     finally:
         ray.shutdown()
@@ -604,10 +724,21 @@ def main() -> None:
                   f"{r['segments_put']}, turns per delivered episode {r['delivered_turns_per_episode']:.2f} (planned "
                   f"{planned_turns[name]:.2f}), decoded tokens of cut episodes {r['wasted_frac']:.1%}; slowest "
                   f"engine behind its schedule by {r['lag']:.1%} of the run")
+        print(f"  the buffer actor at bound 2: {sim[2]['buffer_headroom']:.1f}x headroom by its CPU time, "
+              f"{sim[2]['admit_calls_per_s']:.0f} admissions/s, {sim[2]['put_calls_per_s']:.0f} puts/s, "
+              f"{sim[2]['put_mb_per_step']:.1f} MB put per step (token lists at full length)")
         if name != args.workloads[0]:
             base = sims[args.workloads[0]][0]["samples_per_s"]
             print(f"  workload {name} at bound 2 over the synchronous {args.workloads[0]}: "
                   f"{sim[2]['samples_per_s'] / base:.2f}x")
+    for gpus, r in clusters.items():
+        print(f"simulated {gpus} GPUs ({gpus // 2} rollout workers, {gpus // 4} learner GPUs), workload "
+              f"{args.cluster_workload}, max_staleness=2: {r['samples_per_s']:.0f} samples/s, "
+              f"{r['sim_s_per_step']:.1f} s/step, learner idle {r['learner_idle']:.3f}, dropped stale "
+              f"{r['stale_drop_frac']:.1%} of put; the one buffer actor: {r['buffer_headroom']:.1f}x headroom by its "
+              f"CPU time, {r['admit_calls_per_s']:.0f} admissions/s, {r['put_calls_per_s']:.0f} puts/s, "
+              f"{r['put_mb_per_step']:.0f} MB put per step (token lists at full length); slowest engine behind "
+              f"its schedule by {r['lag']:.1%} of the run", flush=True)
     real = {}
     if not args.skip_real:
         with tempfile.TemporaryDirectory() as tmp:
@@ -649,7 +780,10 @@ def main() -> None:
           f"buffer_headroom_extrapolated_64={worst_headroom / 8:.2f} "
           f"buffer_headroom_extrapolated_512={worst_headroom / 64:.2f} "
           f"buffer_put_batching_speedup={batching[worst] if worst else float('nan'):.2f} "
-          + driver_keys(fanout, sims))
+          + driver_keys(fanout, sims) + "".join(f" buffer_headroom_sim_{n}={r['buffer_headroom']:.2f} "
+                                                f"learner_idle_sim_{n}={r['learner_idle']:.3f} "
+                                                f"stale_drop_frac_sim_{n}={r['stale_drop_frac']:.3f}"
+                                                for n, r in clusters.items()))
 
 
 def driver_keys(fanout: dict[int, float], sims: dict) -> str:

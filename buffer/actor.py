@@ -360,9 +360,14 @@ def fetch_samples(batch: SampleBatch) -> pa.Table:
 
     if not batch.table_refs:
         return SAMPLE_SCHEMA.empty_table()
+    # One get per object: many of a batch's tables share one (the buffer puts them together), and
+    # ray.get deserializes a ref each time it is listed (a 512-GPU batch's ~5,000 tables of a few
+    # objects held ~19 GB in the simulated learner; docs/architecture.md, "Buffer").
+    unique = list(dict.fromkeys(batch.table_refs))
+    objects = dict(zip(unique, ray.get(unique)))
     pieces = []
-    for tables, part, rows in zip(ray.get(list(batch.table_refs)), batch.parts, batch.rows):
-        table = decode_table(tables[part])
+    for ref, part, rows in zip(batch.table_refs, batch.parts, batch.rows):
+        table = decode_table(objects[ref][part])
         # Consecutive rows become zero-copy slices.
         start = prev = rows[0]
         for row in rows[1:] + (None,):

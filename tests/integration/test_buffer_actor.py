@@ -22,7 +22,7 @@ def ray_mod(ray_session):
     return ray
 
 
-def test_producers_and_a_consumer(ray_mod):
+def test_producers_and_a_consumer(ray_mod, monkeypatch):
     ray = ray_mod
     buffer = create_buffer_actor(BufferConfig(capacity_samples=1000, max_staleness=2, batch_size=64))
 
@@ -55,7 +55,12 @@ def test_producers_and_a_consumer(ray_mod):
             break
         assert isinstance(batch, SampleBatch) and batch.num_samples <= 16
         objects |= set(batch.table_refs)
-        samples = table_to_samples(fetch_samples(batch))
+        gets, real_get = [], ray.get
+        with monkeypatch.context() as m:
+            m.setattr(ray, "get", lambda refs, **kw: gets.append(list(refs)) or real_get(refs, **kw))
+            samples = table_to_samples(fetch_samples(batch))
+        # Each object read once, however many of the batch's tables it holds.
+        assert [sorted(map(str, g)) for g in gets] == [sorted(map(str, set(batch.table_refs)))]
         keys = [(s.trajectory_id, s.turn_index) for s in samples]
         assert [s.policy_version for s in samples] == [v for vs in batch.policy_versions for v in vs]
         assert not seen & set(keys), "a sample came back twice"
