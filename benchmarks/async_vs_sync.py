@@ -69,12 +69,25 @@ are noisy (the groups-of-1 arm measured idle 0.02-0.21 over four runs), hence 30
 Buffer headroom: samples/s the buffer actor moves (admit, put_group of full-size encoded
 groups, each kind of call all in flight at once as from many workers, then get) over samples/s
 the simulated async learner consumes; the smaller of the
-workloads' is reported (groups of 1 cost more calls per sample). Past one machine it is
-extrapolated, not simulated (`buffer_headroom_extrapolated_64`, `_512`): a cluster of N GPUs split
-as the preset has N/4 learner GPUs, whose demand, if it scales linearly, is N/8 times the
-simulated learner's; below 1 the one buffer actor (on this machine's cores) could not keep up.
+workloads' is reported (groups of 1 cost more calls per sample). Extrapolated from it
+(`buffer_headroom_extrapolated_64`, `_512`): a cluster of N GPUs split as the preset has N/4
+learner GPUs, whose demand, if it scales linearly, is N/8 times the simulated learner's.
 `buffer_put_batching_speedup`: that workload's buffer samples/s over the same measurement with
 `buffer.flush_bytes: 0` (an object-store put per group, as the actor did before it batched them).
+
+Past one machine, simulated (`--cluster-gpus 64 512`, at bound 2, `--cluster-workload` 1 by
+default: the most buffer calls per sample): the gpu-8 cluster grown to N GPUs split as the
+preset, N/8 nodes of 4 rollout workers (64 environments each) and 2 teachers, N/4 learner GPUs
+whose data-parallel batch is 512·N/8 samples (so a step lasts as long as gpu-8's), one real
+buffer actor and this script as the one driver. Each node's workers and teachers are asyncio
+tasks of one process (`SimHost`, up to 8 processes), and time runs `--cluster-time-scale`·N/8
+real seconds per simulated second so that two cores keep the schedule. `buffer_headroom_sim_<N>`
+is simulated seconds over the CPU seconds (user + system, every thread) the buffer actor's
+process used in the measured steps: how many times the traffic its one core could serve (below
+1 it would fall behind); the run also prints its admissions and puts per second and the bytes
+put per step (token lists scaled back to full length). Workers ask admission as RolloutWorker
+does: after a refusal, again when an episode ends or new weights come, or after
+`admission_backoff_s` when nothing runs.
 
 Driver fan-out: the job's driver calls every rollout worker a few times per learner step (the
 weights' reference, the workers' counters and group totals, a `ray.wait` on their runs), so its
@@ -89,7 +102,8 @@ totals).
 
 Goals (issue): groups of 8 async_over_sync_sim >= 2.8 and learner_idle_sim <= 0.05 (the peers'
 published speedups: AReaL 2.77x, ROLL Flash 2.72x on agentic tasks, verl fully async 2.35-2.67x),
-stale_drop_frac_sim and stale_drop_frac_real <= 0.10, buffer_headroom_sim >= 20. RESULT's plain
+stale_drop_frac_sim and stale_drop_frac_real <= 0.10, buffer_headroom_sim >= 20, and at 64 and 512
+GPUs one buffer actor that keeps up (buffer_headroom_sim_64, _512 > 1; else shard it). RESULT's plain
 keys are the groups of 8; `_g1` keys the groups of 1, `_g1_seg` with segments, `_g8_plus2` the
 first 8 of 10, `_g8_group` the group staleness tag, `_g8_rounds` generation in rounds (each
 speedup is over its own synchronous run; the printout also gives it over the plain synchronous
@@ -97,7 +111,7 @@ groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with segme
 synchronous run.
 
     python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 8rnd]
-        [--fanout-workers 16 64]
+        [--fanout-workers 16 64] [--cluster-gpus 64 512] [--cluster-workload 1]
 """
 
 from __future__ import annotations
@@ -674,7 +688,7 @@ def main() -> None:
     parser.add_argument("--cluster-workload", default="1",
                         help="their workload (default groups of 1: the most buffer calls per sample)")
     parser.add_argument("--cluster-steps", type=int, default=6, help="their learner steps (2 of warm-up)")
-    parser.add_argument("--cluster-time-scale", type=float, default=0.1,
+    parser.add_argument("--cluster-time-scale", type=float, default=0.05,
                         help="their real seconds per simulated second, per 8 GPUs (two cores run them all)")
     parser.add_argument("--skip-sim", action="store_true", help="only the real runs")
     parser.add_argument("--staleness-of", choices=("turn", "episode", "group"), default="turn",
