@@ -136,14 +136,15 @@ configure_loopback()
 
 import ray  # noqa: E402
 
+from actors.rollout_worker import RolloutConfig  # noqa: E402
 from buffer.actor import BufferConfig, create_buffer_actor, encode_trajectories, fetch_samples  # noqa: E402
 from buffer.contracts import Trajectory, Turn  # noqa: E402
 from buffer.core import GroupLease  # noqa: E402
 from cluster.local import init_local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ADMISSION_BACKOFF_S = 0.05
-"""RolloutWorkerConfig.admission_backoff_s's default, in simulated seconds."""
+ADMISSION_BACKOFF_S = RolloutConfig.model_fields["admission_backoff_s"].default
+"""The real worker's default wait after a refusal with nothing running, in simulated seconds."""
 
 
 @dataclass(frozen=True)
