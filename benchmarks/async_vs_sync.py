@@ -134,6 +134,7 @@ from cluster.local import configure_loopback
 
 configure_loopback()
 
+import psutil  # noqa: E402
 import ray  # noqa: E402
 
 from actors.rollout_worker import RolloutConfig  # noqa: E402
@@ -444,12 +445,9 @@ def scaled(cost: CostModel, work: Workload, gpus: int) -> tuple[CostModel, Workl
                                 batch_samples=work.batch_samples * k))
 
 
-def process_cpu_s(actor) -> float:
-    """CPU seconds (user + system, every thread) the actor's process has used so far."""
-    import psutil
-
-    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
-    times = psutil.Process(pid).cpu_times()
+def process_cpu_s(process) -> float:
+    """CPU seconds (user + system, every thread) a psutil.Process has used so far."""
+    times = process.cpu_times()
     return times.user + times.system
 
 
@@ -480,6 +478,7 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
     idle = 0.0
     consumed, measured_from, learner_tokens_total = 0, None, 0
     calls_from, buffer_cpu_from = Counter(), 0.0
+    buffer_process = psutil.Process(ray.get(buffer.__ray_call__.remote(lambda _: os.getpid())))
     try:
         for step in range(num_steps):
             if step == warmup_steps:
@@ -487,7 +486,7 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
                 turn_lag = Counter()
                 learner_tokens_total = 0
                 calls_from = sum(ray.get([w.counters.remote() for w in workers]), Counter())
-                buffer_cpu_from = process_cpu_s(buffer)
+                buffer_cpu_from = process_cpu_s(buffer_process)
             waited = time.monotonic()
             batch = None
             while batch is None or batch.num_samples < work.batch_samples:
@@ -511,7 +510,7 @@ def simulate(max_staleness: int, num_steps: int, warmup_steps: int, cost: CostMo
             ray.get([w.set_weights.remote(version) for w in workers])  # before admission may move on
             ray.get(buffer.set_version.remote(version))
         elapsed = time.monotonic() - measured_from
-        buffer_cpu_s = process_cpu_s(buffer) - buffer_cpu_from
+        buffer_cpu_s = process_cpu_s(buffer_process) - buffer_cpu_from
         calls = sum(ray.get([w.counters.remote() for w in workers]), Counter()) - calls_from
         stats = ray.get(buffer.stats.remote())
         ray.get([w.stop.remote() for w in workers])

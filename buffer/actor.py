@@ -362,7 +362,7 @@ def fetch_samples(batch: SampleBatch) -> pa.Table:
         return SAMPLE_SCHEMA.empty_table()
     # One get per object: many of a batch's tables share one (the buffer puts them together), and
     # ray.get deserializes a ref each time it is listed (a 512-GPU batch's ~5,000 tables of a few
-    # objects held ~19 GB in the simulated learner; docs/architecture.md, "Buffer").
+    # objects held ~19 GB in the simulated learner; docs/architecture.md, "Flow").
     unique = list(dict.fromkeys(batch.table_refs))
     objects = dict(zip(unique, ray.get(unique)))
     pieces = []
