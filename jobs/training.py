@@ -407,7 +407,7 @@ class TrainingRun:
         encoded = encode_trajectories(episodes)
         batch = SampleBatch((ray.put((encoded.data,)),), (0,), (tuple(range(encoded.num_samples)),),
                             (encoded.policy_versions,))
-        stats = self.learner.train(batch, sft, lr)
+        stats = self.learner.train(batch, sft, lr, num_minibatches=1)
         if stats["skipped"]:
             self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
             return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.expansion import TrainSequence
 from cluster.files import fsync_path, fsync_tree
@@ -91,6 +92,13 @@ class LearnerConfig(BaseModel):
     schedule: Literal["constant", "cosine"] = "constant"
     total_steps: int = Field(default=1000, ge=1)
     """Cosine schedule length."""
+    num_minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per learner step of the main loop (PPO's minibatches): the batch is dealt at
+    random into this many parts, each its own step at the step's rate; the version (staleness,
+    publishing, the schedule) moves once. The k-th part trains weights k - 1 updates past the
+    step's start, which the loss's off-policy correction sees through each token's behaviour
+    log-prob like any staleness (exact under a behaviour-free loss: DAgger's relabelling). The warm
+    start's SFT steps take one each (`warm_start.batch_episodes` sizes them)."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
     """Token budget (padded) of one forward/backward."""
     packing: bool = True
@@ -109,6 +117,14 @@ class LearnerConfig(BaseModel):
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass: less memory for
     long packed sequences at real shapes, about one more forward pass of compute."""
+
+    @model_validator(mode="after")
+    def _one_step_for_the_decoupled_objective(self) -> "LearnerConfig":
+        if self.num_minibatches > 1 and self.algorithm.decoupled:
+            raise ValueError("learner.num_minibatches > 1 with learner.algorithm.decoupled: the decoupled objective "
+                             "takes the proximal policy as the learner's weights in the same forward pass, which "
+                             "is the step's start only with one optimizer step per batch; set one of them back")
+        return self
 
 
 def lr_factor(step: int, config: LearnerConfig) -> float:
@@ -165,6 +181,17 @@ def micro_batches(sequences: list[TrainSequence], token_budget: int) -> list[lis
         else:
             out.append([s])
     return out
+
+
+def minibatches(sequences: list[TrainSequence], num_minibatches: int, seed: int) -> list[list[TrainSequence]]:
+    """The sequences dealt at random into `num_minibatches` parts of near-equal size, one optimizer
+    step each: a batch that mixes fresh samples with past ones (jobs.aggregate) mixes them in every
+    part. Always `num_minibatches` parts, some possibly empty, so every rank takes as many steps."""
+    if num_minibatches == 1:
+        return [list(sequences)]
+    order = list(sequences)
+    random.Random(seed).shuffle(order)
+    return [order[i::num_minibatches] for i in range(num_minibatches)]
 
 
 def response_tail(loss_mask: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
@@ -340,24 +367,59 @@ class Trainer:
         return t.item()
 
     def train_step(self, sequences: list[TrainSequence], algorithm: AlgorithmConfig | None = None,
-                   lr: float | None = None) -> dict[str, float]:
-        """One optimizer step on this rank's shard of the global batch; returns global stats.
+                   lr: float | None = None, num_minibatches: int | None = None) -> dict[str, float]:
+        """One learner step on this rank's shard of the global batch; returns global stats.
 
         `algorithm` and `lr` override the configured loss and the schedule's rate for this step
-        (a step at its own rate leaves the schedule where it was).
+        (a step at its own rate leaves the schedule where it was); `num_minibatches` the config's
+        optimizer steps per learner step. The step moves the version by one, however many
+        optimizer steps it takes: a version is what the buffer's staleness and the published
+        weights count.
         """
         start = time.perf_counter()
         cfg = algorithm or self.config.algorithm
+        # The rate from this run's config at the schedule's position: the base rate a checkpoint's
+        # scheduler state carries would override a resume's changed learner.lr (--allow-change).
+        scheduled = lr is None
+        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if scheduled else lr
+        sums = StepSums(int(self._all_max(max((max(s.turn_index) + 1 for s in sequences), default=0))))
+        num_units, grad_norms, applied = 0.0, [], 0
+        for part in minibatches(sequences, num_minibatches or self.config.num_minibatches,
+                                seed=self.config.seed * 1_000_003 + self.version):
+            units, grad_norm = self._optimizer_step(part, cfg, lr, sums)
+            num_units += units
+            if units:
+                grad_norms.append(grad_norm)
+                applied += math.isfinite(grad_norm)
+        stats = sums.reduce(self._all_sum, self._all_max)
+        loss_sum = stats.pop("loss_sum")
+        step_s = time.perf_counter() - start
+        if num_units == 0:  # every turn replayed, unselected or untrainable: nothing to learn from
+            return {"version": self.version, "skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0,
+                    "step_s": step_s}
+        # A non-finite minibatch's update is skipped; the step is skipped (no new version, no
+        # publish) only when every one was.
+        if applied:
+            if scheduled:
+                self.scheduler.step()
+            self.version += 1
+        return {"version": self.version, "skipped": None if applied else "nonfinite", "loss": loss_sum / num_units,
+                "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr, **stats, "step_s": step_s}
+
+    def _optimizer_step(self, sequences: list[TrainSequence], cfg: AlgorithmConfig, lr: float,
+                        sums: StepSums) -> tuple[float, float]:
+        """One optimizer step on these sequences (this rank's part of a minibatch), adding its stats
+        to `sums`; returns (the minibatch's global loss units, its gradient norm). Units 0:
+        nothing trainable on any rank, no update; a non-finite loss or gradient norm: no update."""
         batches = [collate(mb, self.version, self.pad_token_id)
                    for mb in micro_batches(sequences, self.config.micro_batch_tokens)]
         num_passes = int(self._all_max(len(batches)))
         local_units = sum(float(b.loss_mask.sum()) if cfg.aggregation == "token_mean"
                           else float((b.loss_mask.sum(-1) > 0).sum()) for b in batches)
         global_units, = self._all_sum([local_units])
-        if global_units == 0:  # every turn replayed, unselected or untrainable: nothing to learn from
-            return {"version": self.version, "skipped": "no_trainable_token", "loss": 0.0, "grad_norm": 0.0,
-                    "step_s": time.perf_counter() - start}
-        sums = StepSums(int(self._all_max(max((int(b.turn_index.max()) + 1 for b in batches), default=0))))
+        if global_units == 0:
+            return 0.0, 0.0
+        loss_before = sums.sums["loss_sum"]
         for i in range(num_passes):
             if i < len(batches):
                 b = batches[i]
@@ -371,24 +433,17 @@ class Trainer:
                 dummy = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
                 (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        # The rate from this run's config at the schedule's position: the base rate a checkpoint's
-        # scheduler state carries would override a resume's changed learner.lr (--allow-change).
-        scheduled = lr is None
-        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if scheduled else lr
-        stats = sums.reduce(self._all_sum, self._all_max)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        loss, = self._all_sum([sums.sums["loss_sum"] - loss_before])
         # Both are global (all-reduced), so every rank takes the same branch.
-        skipped = None if math.isfinite(stats["loss_sum"]) and math.isfinite(float(grad_norm)) else "nonfinite"
-        if skipped is None:
+        if math.isfinite(loss) and math.isfinite(grad_norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            if scheduled:
-                self.scheduler.step()
-            self.version += 1
+        else:
+            grad_norm = math.inf
         self.optimizer.zero_grad(set_to_none=True)
-        return {"version": self.version, "skipped": skipped, "loss": stats.pop("loss_sum") / global_units,
-                "grad_norm": float(grad_norm), "lr": lr, **stats, "step_s": time.perf_counter() - start}
+        return global_units, grad_norm
 
     @torch.no_grad()
     def evaluate_logprobs(self, sequences: list[TrainSequence]) -> list[torch.Tensor]:

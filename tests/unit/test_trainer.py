@@ -19,7 +19,7 @@ from cluster.local import free_port
 from learner.group import shard_by_episode
 from models.loading import ModelConfig, load_model, load_tokenizer
 from learner.trainer import (LearnerConfig, Trainer, check_checkpoint, collate, lr_factor, micro_batches,
-                             response_tail, token_logprobs)
+                             minibatches, response_tail, token_logprobs)
 
 NANO = ModelConfig(path="tiny:nano")
 
@@ -107,6 +107,32 @@ def test_micro_batching_does_not_change_the_step(trajectories):
     s1, s2 = big.train_step(seqs), small.train_step(seqs)
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5)
     assert_same_first_step(big, small)
+
+
+def test_minibatches_are_optimizer_steps_inside_one_learner_step(trajectories):
+    seqs = sequences(trajectories, packing=False)
+    parts = minibatches(seqs, 3, seed=0)
+    assert len(parts) == 3 and max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert sorted(map(id, sum(parts, []))) == sorted(map(id, seqs)) and parts != [seqs[0::3], seqs[1::3], seqs[2::3]]
+    assert len(minibatches(seqs[:1], 3, seed=0)) == 3  # empty parts too: every rank steps as often
+    split = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3, num_minibatches=2), NANO)
+    stats = split.train_step(seqs)
+    # The same as two learner steps, one per part (SFT ignores versions, so only the count differs).
+    apart = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3), NANO)
+    for part in minibatches(seqs, 2, seed=0):
+        apart.train_step(part)
+    assert stats["version"] == 1 == split.version and apart.version == 2
+    assert {int(s["step"]) for s in split.optimizer.state.values()} == {2}
+    wa, wb = full_weights(split), full_weights(apart)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+    whole = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3), NANO)
+    whole.train_step(seqs)
+    assert max((wa[k] - w).abs().max().item() for k, w in full_weights(whole).items()) > 1e-4
+    # A step's own count overrides the config's (the warm start's SFT steps take one).
+    split.train_step(seqs, num_minibatches=1)
+    assert {int(s["step"]) for s in split.optimizer.state.values()} == {3}
+    with pytest.raises(ValueError, match="num_minibatches > 1 with learner.algorithm.decoupled"):
+        LearnerConfig(algorithm=AlgorithmConfig(name="grpo", decoupled=True), num_minibatches=2)
 
 
 def test_resume_gives_the_same_next_steps(trajectories, tmp_path):
