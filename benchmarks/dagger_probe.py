@@ -27,7 +27,7 @@ often the policy calls `pick_up`.
 
     python benchmarks/dagger_probe.py --model DIR|tiny:PRESET [--seconds 300] [--room-size 6]
         [--distractors 2] [--task-types go_to,pick_up] [--arms clone,dagger,dart] [--noise 0.3]
-        [--deviation undo|replan] [--observation-order scan|nearest]
+        [--deviation undo|replan] [--observation-order scan|nearest] [--save-rounds DIR]
 
 (`tiny:PRESET`: a student from scratch, the tiny factory's model.)
 
@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--observation-order", choices=get_args(ObservationOrder), default="scan",
                         help="env.observation_order: BabyAI-Text's, or the cell in front first")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--save-rounds", metavar="DIR",
+                        help="save the DAgger student after each round as DIR/round_<k> (a curve, evaluated later)")
     args = parser.parse_args()
     args.arms = args.arms.split(",")
     if unknown := set(args.arms) - set(ARMS):
@@ -223,6 +225,10 @@ def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):
         if end > begin:
             steps += train(model, optimizer, sampler([bot, relabelled], args.batch, rng),
                            (end - begin) * args.seconds, args.lr, (begin, end))
+        if args.save_rounds:
+            model.save_pretrained(f"{args.save_rounds}/round_{round_ + 1}")
+            print(f"dagger: round {round_ + 1} saved at {time.monotonic() - clock:.0f} s, {steps} steps, "
+                  f"{labelled_turns} relabelled turns", flush=True)
     result = evaluate(model, tokenizer, loop, env, args.eval_tasks, args.eval_split)
     print(f"dagger: {steps} steps, {labelled_turns} relabelled turns, {result}", flush=True)
     return result

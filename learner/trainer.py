@@ -419,7 +419,7 @@ class Trainer:
         global_units, = self._all_sum([local_units])
         if global_units == 0:
             return 0.0, 0.0
-        loss_before = sums.sums["loss_sum"]
+        local_loss = 0.0
         for i in range(num_passes):
             if i < len(batches):
                 b = batches[i]
@@ -428,13 +428,14 @@ class Trainer:
                 # FSDP averages gradients over ranks; the loss is already a global mean, so undo that.
                 (out.loss_sum * (self.world_size / global_units)).backward()
                 sums.add(b, out, entropy)
+                local_loss += out.loss_sum.item()
             else:
                 # An empty pass keeps FSDP's collectives paired with the ranks that have more work.
                 dummy = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
                 (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        loss, = self._all_sum([sums.sums["loss_sum"] - loss_before])
+        loss, = self._all_sum([local_loss])
         # Both are global (all-reduced), so every rank takes the same branch.
         if math.isfinite(loss) and math.isfinite(grad_norm):
             for group in self.optimizer.param_groups:
