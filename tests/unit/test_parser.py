@@ -106,7 +106,9 @@ def _independent_check(text: str, call: ToolCall) -> None:
             body = body[: -len(marker)].strip()
     match = re.fullmatch(r"(<think>.*?</think>)?\s*<tool_call>(.*)</tool_call>", body, re.DOTALL)
     assert match, text
-    assert body.count("<tool_call>") == 1 and body.count("</tool_call>") == 1
+    # The think block is free text and may spell the markers; what follows it holds exactly one call.
+    after_think = body[match.end(1):] if match.group(1) else body
+    assert after_think.count("<tool_call>") == 1 and after_think.count("</tool_call>") == 1
     obj = json.loads(match.group(2))
     assert obj["name"] == call.name and call.name in SCHEMAS
     assert argument_error(SCHEMAS[call.name], call.arguments) is None
