@@ -26,8 +26,14 @@ one hour), measured from this script's start:
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
 
-    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour] [--sft-share 1.0]
-        [--set KEY=VALUE ...]
+    python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
+        [--stages starter,distractors,room,mixed] [--sft-share [STAGE=]F ...] [--set KEY=VALUE ...]
+
+`--stages` runs a subset of the curriculum, in its order (the last one given gets the rest of the
+hour); `--sft-share F` sets every stage's share, `--sft-share mixed=0.02` one stage's, e.g. the
+starter level cloned, then the study's level by the job's DAgger for the rest of the hour (the
+offline probe's path, README: "DAgger fits the hour"): `--stages starter,mixed
+--sft-share mixed=0.02`.
 
 `--set` overrides the config in every stage (after the stage's own), e.g. BabyAI-Text's own
 observation order: `--set env.observation_order=scan`; DAgger on the fresh batch alone: `--set
@@ -99,6 +105,23 @@ def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
     return rows
 
 
+def sft_shares(given: list[str], stages: list[str], parser: argparse.ArgumentParser) -> dict[str, float]:
+    """Each stage's SFT share from `--sft-share` values `F` (every stage) or `STAGE=F`, later ones winning."""
+    shares = dict.fromkeys(stages, 1.0)
+    for item in given:
+        name, _, value = item.rpartition("=")
+        if name and name not in shares:
+            parser.error(f"--sft-share {item}: unknown stage {name!r}; known: {', '.join(stages)}")
+        try:
+            share = float(value)
+        except ValueError:
+            parser.error(f"--sft-share {item}: {value!r} is not a number")
+        if not 0 < share <= 1:
+            parser.error(f"--sft-share {item}: the share must be in (0, 1]")
+        shares.update({name: share} if name else dict.fromkeys(stages, share))
+    return shares
+
+
 def counts(named: dict[str, int]) -> str:
     return " ".join(f"{name}:{n}" for name, n in named.items())
 
@@ -108,13 +131,20 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
     parser.add_argument("--out", default="runs/mixed_hour")
-    parser.add_argument("--sft-share", type=float, default=1.0,
-                        help="share of each stage's clock its warm start's SFT fills (the rest: the run's loop)")
+    parser.add_argument("--stages", default=",".join(stage.name for stage in STAGES),
+                        help="the stages to run, comma-separated, in the curriculum's order")
+    parser.add_argument("--sft-share", action="append", default=[], metavar="[STAGE=]F",
+                        help="share of a stage's clock its warm start's SFT fills, the rest the run's loop "
+                             "(DAgger); F alone: every stage (default 1); repeatable")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every stage, after the stage's own (repeatable)")
     args = parser.parse_args()
-    if not 0 < args.sft_share <= 1:
-        parser.error(f"--sft-share must be in (0, 1], got {args.sft_share}")
+    known = [stage.name for stage in STAGES]
+    names = args.stages.split(",")
+    if unknown := set(names) - set(known):
+        parser.error(f"--stages: unknown {sorted(unknown)}; known, in order: {', '.join(known)}")
+    stages = [stage for stage in STAGES if stage.name in names]
+    sft_share = sft_shares(args.sft_share, known, parser)
     from jobs.config import load_config
     from jobs.train import JobConfig
 
@@ -124,12 +154,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
               f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
-    configured = {stage.name: [*seeded, *stage.overrides, *args.set] for stage in STAGES}
+    configured = {stage.name: [*seeded, *stage.overrides, *args.set] for stage in stages}
     for overrides in configured.values():  # a bad --set fails here, not an hour in
         load_config(JobConfig, CONFIG, overrides)
     model_path, curves = None, {}
-    for i, stage in enumerate(STAGES):
-        last = i == len(STAGES) - 1
+    for i, stage in enumerate(stages):
+        last = i == len(stages) - 1
         left = deadline - time.monotonic() - FINAL_EVAL_S
         budget = left if last else min(left, stage.share * args.wall_s)
         if budget < 2 * JOB_START_S:
@@ -139,9 +169,10 @@ def main() -> None:
         clock = budget - JOB_START_S - STAGE_END_S
         # The warm start's cosine ends with the stage's clock, or its share of it: the run's loop has the
         # rest. (The run's clock starts before the warm start's: it would cut a warm start filling it.)
-        timing = ["run.steps=0"] if args.sft_share == 1 else [f"run.max_wall_s={clock:.0f}"]
+        share = sft_share[stage.name]
+        timing = ["run.steps=0"] if share == 1 else [f"run.max_wall_s={clock:.0f}"]
         overrides = [*configured[stage.name], f"run.dir={run_dir}", *timing,
-                     f"warm_start.max_wall_s={args.sft_share * clock:.0f}", f"warm_start.epochs={FILL_EPOCHS}"]
+                     f"warm_start.max_wall_s={share * clock:.0f}", f"warm_start.epochs={FILL_EPOCHS}"]
         if stage.target is not None:
             overrides.append(f"run.target_eval_success={stage.target}")
         if model_path is not None:
