@@ -33,8 +33,8 @@ object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the t
 hour); `--sft-share F` sets every stage's share, `--sft-share mixed=0.05` one stage's, e.g. the
 starter level cloned, then the study's level by the job's DAgger for the rest of the hour (the
 offline probe's path, README: "DAgger fits the hour"): `--stages starter,mixed
---sft-share mixed=0.05`, measured 0.06 on eval50 (seed 1; docs/babyai_text.md, "DAgger given
-the hour"), below cloning's 0.14.
+--sft-share mixed=0.05`, measured 0.06 on eval50 (seed 1, with `--set learner.schedule=cosine
+--set learner.total_steps=900`; docs/babyai_text.md, "DAgger given the hour"), below cloning's 0.14.
 
 `--set` overrides the config in every stage (after the stage's own), e.g. BabyAI-Text's own
 observation order: `--set env.observation_order=scan`; DAgger on the fresh batch alone: `--set
