@@ -53,7 +53,14 @@ its advantages' spread. '8grp' is groups of 8 whose samples all count their stal
 group's newest turn (`buffer.staleness_of: group`): Δmax then bounds how long a delivered group
 waits, not how old its turns are; its bias is measured as `turns_beyond_bound_frac` (the share of
 consumed turns whose own weights are more than Δmax versions behind the learner; 0 under `turn`
-by construction). '8rnd' (and '1rnd') generate as `RolloutWorker` does with
+by construction). '1ep' is groups of 1 counting staleness from the episode's last turn
+(`buffer.staleness_of: episode`), measured the same way. Groups of 1 are also the timing of GRPO
+with a sliding-group baseline (`grpo_window`, docs/algorithms.md §3: an episode's baseline comes
+from the episodes of its task type that ended before it, so none waits for a group):
+`async_over_sync_sim_g8_window` is workload '1' at bound 2 over the synchronous groups of 8 (the
+GRPO it replaces), `_g8_window_episode` the same with '1ep'; its idle and drops are those keys'
+`_g1` ones, its bias (the baseline no longer from the same task) is measured by learning, not here
+(README). '8rnd' (and '1rnd') generate as `RolloutWorker` does with
 `rollout.generation: rounds`: each running episode's next turn starting only when every turn of
 the round has ended, admission and new weights only between rounds. The learner's cost counts each run of
 consecutive turns of one episode in a batch as one packed sequence whose head re-reads the
@@ -105,12 +112,13 @@ published speedups: AReaL 2.77x, ROLL Flash 2.72x on agentic tasks, verl fully a
 stale_drop_frac_sim and stale_drop_frac_real <= 0.10, buffer_headroom_sim >= 20, and at 64 and 512
 GPUs one buffer actor that keeps up (buffer_headroom_sim_64, _512 > 1; else shard it). RESULT's plain
 keys are the groups of 8; `_g1` keys the groups of 1, `_g1_seg` with segments, `_g8_plus2` the
-first 8 of 10, `_g8_group` the group staleness tag, `_g8_rounds` generation in rounds (each
+first 8 of 10, `_g8_group` the group staleness tag, `_g1_episode` the episode tag on groups of 1,
+`_g8_rounds` generation in rounds (each
 speedup is over its own synchronous run; the printout also gives it over the plain synchronous
 groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with segments over its
 synchronous run.
 
-    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 8rnd]
+    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 1ep 8rnd]
         [--fanout-workers 16 64] [--cluster-gpus 64 512] [--cluster-workload 1]
 """
 
@@ -551,13 +559,16 @@ def mean_turns(work: Workload, num: int = 100_000) -> float:
 def parse_workload(name: str) -> Workload:
     """'8' groups of 8; '1seg' groups of 1 with segments; '8+2' groups of 8 formed from the first 8 of 10;
     '8grp' groups of 8 whose staleness counts from the group's newest turn (buffer.staleness_of: group);
+    '1ep' groups of 1 whose staleness counts from the episode's last turn (buffer.staleness_of: episode);
     '8rnd' groups of 8 generated in rounds (rollout.generation: rounds)."""
-    segments, grouped, rounds = name.endswith("seg"), name.endswith("grp"), name.endswith("rnd")
-    size, _, extra = name.removesuffix("seg").removesuffix("grp").removesuffix("rnd").partition("+")
+    tags = {"grp": "group", "ep": "episode"}
+    segments, rounds = name.endswith("seg"), name.endswith("rnd")
+    tag = next((tag for suffix, tag in tags.items() if name.endswith(suffix)), None)
+    size, _, extra = name.removesuffix("seg").removesuffix("grp").removesuffix("ep").removesuffix("rnd").partition("+")
     if segments and extra:
         raise ValueError(f"workload {name!r}: segments and extra episodes do not combine")
-    return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0),
-                    staleness_of="group" if grouped else None, rounds=rounds)
+    return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0), staleness_of=tag,
+                    rounds=rounds)
 
 
 def result_suffix(work: Workload, first: bool) -> str:
@@ -673,11 +684,12 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=10)
     parser.add_argument("--extra-bounds", type=int, nargs="*", default=[4],
                         help="more max_staleness values for the simulated cluster (printed, not in RESULT)")
-    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2", "8grp", "8rnd"],
+    parser.add_argument("--workloads", nargs="+", default=["8", "1", "1seg", "8+2", "8grp", "1ep", "8rnd"],
                         help="simulated workloads: episodes per group, 'seg' for rollout.segments (8: GRPO's G, "
                              "RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1; 1seg: OPD "
                              "delivered in segments, _g1_seg; 8+2: groups of 8 from the first 8 of 10 to finish, "
-                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 8rnd: "
+                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 1ep: groups of 1 with "
+                             "buffer.staleness_of episode, _g1_episode; 8rnd: "
                              "groups of 8 generated in rounds (rollout.generation: rounds), _g8_rounds)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
     parser.add_argument("--fanout-workers", type=int, nargs="*", default=[16, 64],
@@ -785,6 +797,7 @@ def main() -> None:
             keys.append(f"short_bias_sim{suffix}={sim[2]['delivered_turns_per_episode'] / planned_turns[name]:.2f}")
         if (work.staleness_of or args.staleness_of) != "turn":
             keys.append(f"turns_beyond_bound_frac_sim{suffix}={sim[2]['turns_beyond_bound']:.3f}")
+    keys += window_keys(workloads, sims, args.workloads[0])
     # The buffer's headroom is the smaller of the workloads' (small groups cost more calls per sample).
     # Past one machine, extrapolated, not simulated: N GPUs split as the preset (a quarter learners)
     # ask N/8 times the simulated learner's samples/s of the one buffer actor.
@@ -798,6 +811,19 @@ def main() -> None:
                                                 f"learner_idle_sim_{n}={r['learner_idle']:.3f} "
                                                 f"stale_drop_frac_sim_{n}={r['stale_drop_frac']:.3f}"
                                                 for n, r in clusters.items()))
+
+
+def window_keys(workloads: dict[str, Workload], sims: dict, first: str) -> list[str]:
+    """grpo_window's speedup over the synchronous GRPO it replaces: a groups-of-1 workload (no
+    segments, every episode delivered as it ends) at bound 2 over the first workload, groups of 8,
+    at bound 0."""
+    if workloads.get(first) is None or workloads[first].group_size != 8:
+        return []
+    base = sims[first][0]["samples_per_s"]
+    return [f"async_over_sync_sim_g8_window{'' if w.staleness_of is None else '_' + w.staleness_of}="
+            f"{sims[name][2]['samples_per_s'] / base:.2f}"
+            for name, w in workloads.items()
+            if w.group_size == 1 and not w.segments and not w.rounds and w.staleness_of in (None, "episode")]
 
 
 def driver_keys(fanout: dict[int, float], sims: dict) -> str:

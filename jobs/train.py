@@ -98,7 +98,8 @@ class RunConfig(BaseModel):
     for carrying no signal (learner.algorithm.drop_zero_variance_groups); None: wait
     (run.stall_timeout_s still applies).
     A policy at success p gives 32 flat groups of G in a row with probability (p^G + (1-p)^G)^32:
-    1e-3 at p = 0.05, G = 4 (jobs.recorder.SignalWatch)."""
+    1e-3 at p = 0.05, G = 4 (jobs.recorder.SignalWatch). Under grpo_window, whose episodes are
+    groups sharing their baseline, it counts in `window`s of episodes (Algorithm.flat_streak_scale)."""
     stall_timeout_s: float = Field(default=1800.0, gt=0)
     """No sample at all for this long stops the run (checkpointed, exit 1, naming what the workers
     and the buffer report) instead of waiting forever."""
@@ -219,6 +220,10 @@ class JobConfig(BaseModel):
                                  "(teacher.backend=hf|vllm|remote) or turn working memory off")
         if self.rollout.segments:
             ALGORITHMS[algorithm.name].segment_stage_factories(algorithm)  # raises for algorithms without them
+        if ALGORITHMS[algorithm.name].episode_groups and self.rollout.group_size != 1:
+            raise ValueError(f"learner.algorithm.name={algorithm.name} makes each episode a group of its own (its "
+                             f"baseline comes from the episodes that ended before it): set rollout.group_size=1, "
+                             f"got {self.rollout.group_size}")
         rollout = self.rollout
         self.env.check_rollout(rollout)
         # vLLM rejects a longer prompt with an error, which would fail the teacher scoring a whole

@@ -194,7 +194,8 @@ class TrainingRun:
             self._give_teacher_bundles_to_rollout()
         self.logs = tuple(logs)
         self._metrics_written = time.monotonic()
-        self.signal = SignalWatch(config.run.max_groups_without_signal)
+        limit, algorithm = config.run.max_groups_without_signal, config.learner.algorithm
+        self.signal = SignalWatch(None if limit is None else limit * self.algorithm.flat_streak_scale(algorithm))
         self._signal_read = 0.0
         self.recorder = StepRecorder(self.metrics, recoveries, faults)
         self.version = 0

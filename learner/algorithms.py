@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Annotated, Any, Awaitable, Callable, Literal, Protocol
 
@@ -47,8 +48,8 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = DEFAULT_ALGORITHM
-    """A registered algorithm: grpo, turn_level, turn_judge, opd, joint, sft, tcod, retire_opd, or one added with
-    `register_algorithm`."""
+    """A registered algorithm: grpo, grpo_window, turn_level, turn_judge, opd, joint, sft, tcod, retire_opd, or one
+    added with `register_algorithm`."""
     clip_eps_low: float = Field(default=0.2, ge=0)
     clip_eps_high: float = Field(default=0.28, ge=0)
     tis_cap: float | None = Field(default=None, gt=1.0)
@@ -151,6 +152,16 @@ class TurnLevelConfig(AlgorithmConfig):
 
     turn_level_k: int = Field(default=4, ge=1)
     """Turns trained (and judged) per episode, chosen at random."""
+
+
+class WindowConfig(AlgorithmConfig):
+    """grpo_window: GRPO's loss, each episode's group the episodes of its kind that ended before it."""
+
+    window: int = Field(default=8, ge=2)
+    """G of the sliding group: the episode and the `window` - 1 episodes with its key that ended
+    before it on the same rollout worker."""
+    window_key: Literal["task_type", "all"] = "task_type"
+    """Which episodes share a sliding group: those of the same task type, or all."""
 
 
 class TCODAlgorithmConfig(AlgorithmConfig):
@@ -383,19 +394,59 @@ def _stage(fn: Callable[[list[Trajectory], AlgorithmConfig, StageContext], list[
     return factory
 
 
+def _group_scores(rewards: list[float]) -> list[float] | None:
+    """(R - mean) / (std + 1e-6) of each reward over the list; None when every reward is equal."""
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if std < 1e-8:
+        # Exactly no signal, not the rounding error of the mean over 1e-6.
+        return None
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
 def group_advantages(trajectories: list[Trajectory], drop_flat: bool) -> list[Trajectory]:
     """GRPO advantages A = (R - mean) / (std + 1e-6) over one group's episodes.
 
     Returns the group with `advantage` set; an empty list when every reward is equal and
     `drop_flat` is set (such a group carries no GRPO signal, as in DAPO).
     """
-    rewards = [t.outcome_reward + t.format_reward for t in trajectories]
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    if std < 1e-8:
-        # Exactly 0, not the rounding error of the mean over 1e-6.
+    scores = _group_scores([t.outcome_reward + t.format_reward for t in trajectories])
+    if scores is None:
         return [] if drop_flat else [dataclasses.replace(t, advantage=0.0) for t in trajectories]
-    return [dataclasses.replace(t, advantage=(r - mean) / (std + 1e-6)) for t, r in zip(trajectories, rewards)]
+    return [dataclasses.replace(t, advantage=a) for t, a in zip(trajectories, scores)]
+
+
+class SlidingGroups:
+    """grpo_window's baseline (docs/algorithms.md §3): an episode's group is itself and the last
+    `window` - 1 episodes with its key to end before it, and its advantage GRPO's formula over
+    that group, so no episode waits for others to end. The state is one rollout worker's and goes
+    with it: a restarted worker's first episodes of each key have smaller groups."""
+
+    def __init__(self, window: int, key: str) -> None:
+        self.key = key
+        self.past: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window - 1))
+        """The rewards of the last `window` - 1 episodes ended per key, oldest first."""
+
+    def advantage(self, trajectory: Trajectory) -> float | None:
+        """The episode's advantage (None: every reward of its group is equal); the episode then joins
+        the groups of the episodes after it."""
+        past = self.past[trajectory.task_type if self.key == "task_type" else ""]
+        reward = trajectory.outcome_reward + trajectory.format_reward
+        scores = _group_scores([*past, reward])
+        past.append(reward)
+        return None if scores is None else scores[-1]
+
+
+def window_advantages(cfg: WindowConfig, ctx: StageContext) -> GroupStage:
+    """Sliding-group advantages; an episode whose group's rewards all agree is dropped when
+    `drop_zero_variance_groups` (its advantage would be 0), as GRPO drops a flat group."""
+    groups = SlidingGroups(cfg.window, cfg.window_key)
+
+    async def stage(trajectories: list[Trajectory]) -> list[Trajectory]:
+        scored = [(t, groups.advantage(t)) for t in trajectories]
+        return [dataclasses.replace(t, advantage=a or 0.0) for t, a in scored
+                if a is not None or not cfg.drop_zero_variance_groups]
+    return stage
 
 
 def select_turns(trajectory: Trajectory, k: int, seed: int) -> Trajectory:
@@ -509,6 +560,13 @@ class Algorithm:
     baseline), so the algorithm cannot be delivered in segments."""
     config_cls: type[AlgorithmConfig] = AlgorithmConfig
     """Validates the algorithm's `learner.algorithm` section: the shared knobs and its own."""
+    episode_groups: bool = False
+    """Each episode is a group of its own (`rollout.group_size` must be 1): its stages need no other
+    episode of its task (grpo_window's baseline comes from the episodes that ended before it)."""
+    flat_streak_scale: Callable[[AlgorithmConfig], int] = lambda cfg: 1
+    """How many flat groups in a row count as one toward `run.max_groups_without_signal`: 1 where
+    each group's verdict is its own; grpo_window's `window`, whose consecutive episodes share all but
+    one reward of their groups (32 flat episodes in a row are about 4 flat groups of 8)."""
     demonstrations: bool = False
     """The rollout workers play the environment's expert instead of the model, its calls in the
     student's token format with the current weights' version (`actors.expert.DemonstrationPolicy`):
@@ -609,6 +667,8 @@ def register_algorithm(name: str, algorithm: Algorithm) -> None:
 
 
 register_algorithm("grpo", Algorithm(grpo_loss, (grpo_advantages,)))
+register_algorithm("grpo_window", Algorithm(grpo_loss, (window_advantages,), config_cls=WindowConfig,
+                                            episode_groups=True, flat_streak_scale=lambda cfg: cfg.window))
 register_algorithm("turn_level", Algorithm(turn_level_loss,
                                            (turn_selection, outcome_turn_rewards, episode_advantages),
                                            config_cls=TurnLevelConfig))

@@ -59,6 +59,7 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["run.steps=0", "warm_start.num_episodes=0"], "run.steps=0 trains the warm start alone, and there is none"),
     (["rollout.segments=true", "learner.algorithm.name=joint"], "rollout.segments needs an algorithm without"),
     (["rollout.num_envs=2"], r"rollout.num_envs \(2\) must hold one group \(rollout.group_size=4\)"),
+    (["learner.algorithm={name: grpo_window}", "teacher=null"], "set rollout.group_size=1, got 4"),
 ])
 def test_bad_job_configs_name_the_key(overrides, message):
     from jobs.train import JobConfig

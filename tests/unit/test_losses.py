@@ -219,6 +219,38 @@ def test_group_advantages_and_zero_variance_groups():
         run_stages("opd", [traj("a", 1.0)])
 
 
+def test_grpo_window_scores_each_episode_against_the_episodes_of_its_kind_that_ended_before_it():
+    """grpo_window: GRPO's formula over the episode and the window - 1 episodes with its key that
+    ended before it (here window 3, format term 0.5 on each), per task type unless `all`."""
+    cfg = parse_algorithm_config({"name": "grpo_window", "window": 3})
+    stage = ALGORITHMS["grpo_window"].group_stages(cfg)[0](cfg, StageContext(worker_index=0))
+
+    def typed(tid, outcome, task_type="go_to"):
+        return dataclasses.replace(traj(tid, outcome), task_type=task_type)
+
+    def advantages(*episodes):
+        return [[t.advantage for t in asyncio.run(stage([e]))] for e in episodes]
+
+    # The first episode of a kind has no group (dropped: its advantage would be 0), nor has an
+    # episode whose group's rewards all agree.
+    assert advantages(typed("a", -1.0), typed("b", -1.0)) == [[], []]
+    # Group [-0.5, -0.5, 1.5]: mean 1/6, std 0.943; the success stands out, then the window moves.
+    (c,), (d,) = advantages(typed("c", 1.0), typed("d", -1.0))
+    assert c == pytest.approx((1.5 - 1 / 6) / math.sqrt(8 / 9), abs=1e-5)
+    assert d == pytest.approx((-0.5 - 1 / 6) / math.sqrt(8 / 9), abs=1e-5)  # its group [-0.5, 1.5, -0.5]
+    # Another task type starts a group of its own ...
+    assert advantages(typed("e", 1.0, "pick_up")) == [[]]
+    # ... unless every episode shares one; and the flat filter is GRPO's knob.
+    shared = parse_algorithm_config({"name": "grpo_window", "window": 2, "window_key": "all",
+                                     "drop_zero_variance_groups": False})
+    shared_stage = ALGORITHMS["grpo_window"].group_stages(shared)[0](shared, StageContext(worker_index=0))
+    out = [asyncio.run(shared_stage([e]))[0].advantage
+           for e in (typed("f", -1.0), typed("g", 1.0, "pick_up"), typed("h", 1.0))]
+    assert out == pytest.approx([0.0, 1.0, 0.0], abs=1e-5)
+    # A streak of flat episodes counts toward run.max_groups_without_signal in windows of them.
+    assert ALGORITHMS["grpo_window"].flat_streak_scale(cfg) == 3 and ALGORITHMS["grpo"].flat_streak_scale(cfg) == 1
+
+
 def test_turn_level_without_a_judge_trains_each_selected_turn_on_outcome_plus_its_format_term():
     """Document 000 v2.3 (turn-level, no judge): r = outcome + the turn's format term. Strict
     format puts the episode's -0.5 on every turn (envs/rewards.py), so a failed episode with a
