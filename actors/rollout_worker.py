@@ -65,7 +65,8 @@ class RolloutConfig(BaseModel):
     num_envs: int = Field(default=8, ge=1)
     """K: environments per worker, all batched into one generation per round."""
     group_size: int = Field(default=4, ge=1)
-    """G: episodes per task (GRPO group)."""
+    """G: episodes per task (GRPO group), delivered together when the last ends; 1 under grpo_window,
+    whose groups slide over the episodes that ended before (learner/algorithms.py)."""
     split: str = "train"
     sampling: SamplingConfig = SamplingConfig()
     loop: LoopConfig = LoopConfig()
