@@ -118,8 +118,8 @@ speedup is over its own synchronous run; the printout also gives it over the pla
 groups of 8); `async_over_sync_real_seg`: the real default at bound 2 with segments over its
 synchronous run.
 
-    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real] [--workloads 8 1 1seg 8+2 8grp 1ep 8rnd]
-        [--fanout-workers 16 64] [--cluster-gpus 64 512] [--cluster-workload 1]
+    python benchmarks/async_vs_sync.py [--sim-steps 32] [--real-steps 10] [--skip-real]
+        [--workloads 8 1 1seg 8+2 8grp 1ep 8rnd] [--fanout-workers 16 64] [--cluster-gpus 64 512] [--cluster-workload 1]
 """
 
 from __future__ import annotations
@@ -688,8 +688,8 @@ def main() -> None:
                         help="simulated workloads: episodes per group, 'seg' for rollout.segments (8: GRPO's G, "
                              "RESULT's plain keys; 1: OPD, which needs no group, keys suffixed _g1; 1seg: OPD "
                              "delivered in segments, _g1_seg; 8+2: groups of 8 from the first 8 of 10 to finish, "
-                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 1ep: groups of 1 with "
-                             "buffer.staleness_of episode, _g1_episode; 8rnd: "
+                             "_g8_plus2; 8grp: groups of 8 with buffer.staleness_of group, _g8_group; 1ep: groups "
+                             "of 1 with buffer.staleness_of episode, _g1_episode; 8rnd: "
                              "groups of 8 generated in rounds (rollout.generation: rounds), _g8_rounds)")
     parser.add_argument("--skip-real", action="store_true", help="only the simulated cluster and the buffer")
     parser.add_argument("--fanout-workers", type=int, nargs="*", default=[16, 64],
