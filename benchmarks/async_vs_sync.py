@@ -561,14 +561,12 @@ def parse_workload(name: str) -> Workload:
     '8grp' groups of 8 whose staleness counts from the group's newest turn (buffer.staleness_of: group);
     '1ep' groups of 1 whose staleness counts from the episode's last turn (buffer.staleness_of: episode);
     '8rnd' groups of 8 generated in rounds (rollout.generation: rounds)."""
-    tags = {"grp": "group", "ep": "episode"}
-    segments, rounds = name.endswith("seg"), name.endswith("rnd")
-    tag = next((tag for suffix, tag in tags.items() if name.endswith(suffix)), None)
-    size, _, extra = name.removesuffix("seg").removesuffix("grp").removesuffix("ep").removesuffix("rnd").partition("+")
-    if segments and extra:
+    suffix = next((s for s in ("seg", "grp", "ep", "rnd") if name.endswith(s)), "")
+    size, _, extra = name.removesuffix(suffix).partition("+")
+    if suffix == "seg" and extra:
         raise ValueError(f"workload {name!r}: segments and extra episodes do not combine")
-    return Workload(group_size=int(size), segments=segments, extra_episodes=int(extra or 0), staleness_of=tag,
-                    rounds=rounds)
+    return Workload(group_size=int(size), segments=suffix == "seg", extra_episodes=int(extra or 0),
+                    staleness_of={"grp": "group", "ep": "episode"}.get(suffix), rounds=suffix == "rnd")
 
 
 def result_suffix(work: Workload, first: bool) -> str:

@@ -422,7 +422,7 @@ class SlidingGroups:
     that group, so no episode waits for others to end. The state is one rollout worker's and goes
     with it: a restarted worker's first episodes of each key have smaller groups."""
 
-    def __init__(self, window: int, key: str) -> None:
+    def __init__(self, window: int, key: Literal["task_type", "all"]) -> None:
         self.key = key
         self.past: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window - 1))
         """The rewards of the last `window` - 1 episodes ended per key, oldest first."""
