@@ -27,7 +27,8 @@ often the policy calls `pick_up`.
 
     python benchmarks/dagger_probe.py --model DIR|tiny:PRESET [--seconds 300] [--room-size 6]
         [--distractors 2] [--task-types go_to,pick_up] [--arms clone,dagger,dart] [--noise 0.3]
-        [--deviation undo|replan] [--observation-order scan|nearest] [--save-rounds DIR]
+        [--deviation undo|replan] [--observation-order scan|nearest] [--save-rounds DIR] [--seed 0]
+        [--rounds 4] [--round-episodes 128]
 
 (`tiny:PRESET`: a student from scratch, the tiny factory's model.)
 
@@ -159,6 +160,8 @@ def main() -> None:
                         help="the bot's advice after a call it did not suggest (env.expert_deviation)")
     parser.add_argument("--observation-order", choices=get_args(ObservationOrder), default="scan",
                         help="env.observation_order: BabyAI-Text's, or the cell in front first")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the batches' draws, DAgger's sampling and its roll-outs' tasks (a second run)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save-rounds", metavar="DIR",
                         help="save the DAgger student after each round as DIR/round_<k> (a curve, evaluated later)")
@@ -177,7 +180,7 @@ def main() -> None:
     results = {"start": evaluate(load_student(args.model), tokenizer, loop, env, args.eval_tasks, args.eval_split)}
     print(f"start: {results['start']}", flush=True)
 
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     if "clone" in args.arms:
         steps, results["clone"] = cloned(args, tokenizer, loop, env, bot, rng)
         print(f"clone: {steps} steps, {len(bot)} turns, {results['clone']}", flush=True)
@@ -211,8 +214,9 @@ def dagger(args, tokenizer, loop, env, bot: list[Sample], rng: random.Random):
     clock, steps, labelled_turns = time.monotonic(), 0, 0
     for round_ in range(args.rounds):
         # The rounds' roll-outs count against the arm's time: an hour pays for them too.
-        player = Labelled(policy(model, tokenizer, loop, 1.0, round_), tokenizer, loop)
-        tasks = [EpisodeTask("train", 800_000_000 + round_ * args.round_episodes + i) for i in range(args.round_episodes)]
+        player = Labelled(policy(model, tokenizer, loop, 1.0, args.seed * 100_003 + round_), tokenizer, loop)
+        first = 800_000_000 + args.seed * 10_000_000 + round_ * args.round_episodes
+        tasks = [EpisodeTask("train", first + i) for i in range(args.round_episodes)]
         model.eval()
         with torch.no_grad():
             run_episodes(lambda: make_env(env), tasks, player, loop, batch_size=32)

@@ -192,6 +192,37 @@ def test_oracle_replays_the_level_the_student_played(tok):
     assert oracle_for(tok, OracleConfig()).expert_calls(traj) != actions
 
 
+@pytest.mark.parametrize("deviation", ["undo", "replan"])
+def test_oracle_labels_equal_a_bot_advised_live(tok, deviation):
+    """DAgger's label at each state a student reached, two ways: the oracle replaying the episode
+    afterwards, and a bot that played along, advised of every executed call (as
+    benchmarks/dagger_probe.py labels). A turn that executed nothing leaves the bot's call standing."""
+    config = BabyAITextConfig(expert_deviation=deviation)
+    oracle = oracle_for(tok, OracleConfig(), config)
+    rng = random.Random(1)
+    names = list(oracle.responses)
+    num_labels = 0
+    for seed in range(12):
+        env = BabyAITextEnv(config)
+        reset = env.reset(seed, "train")
+        bot, executed, live, actions = env.expert(), None, [], []
+        for k in range(20):
+            if k == 0 or executed is not None:
+                suggestion = bot.act(executed)
+            live.append(suggestion)
+            executed = None if rng.random() < 0.1 else ToolCall(rng.choice(names))  # 0.1: a malformed turn
+            actions.append(executed)
+            if executed is not None and env.step(executed).done:
+                break
+        end = tok.convert_tokens_to_ids("<|im_end|>")
+        turns = tuple(Turn(k, (1,), (end,), (-1.0,), 0, executed_call=None if a is None else json.dumps(
+            {"name": a.name, "arguments": {}})) for k, a in enumerate(actions))
+        traj = Trajectory(f"s{seed}", "g", "train", seed, reset.info.task_type, turns, False, 0.0, 0.0)
+        assert oracle.expert_calls(traj) == live
+        num_labels += len(live)
+    assert num_labels > 100
+
+
 def test_hf_backend_matches_a_forward_pass(tok, model):
     backend = HFTeacherBackend(model, tok.pad_token_id, max_batch_tokens=40)
     reqs = [ScoreRequest(tuple(tok.encode("You see a wall", add_special_tokens=False)),
