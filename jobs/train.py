@@ -72,6 +72,9 @@ class RunConfig(BaseModel):
     steps: int = Field(default=30, ge=0)
     """Learner steps of the main loop (policy versions after the warm start); 0: the warm start alone."""
     publish_every: int = Field(default=1, ge=1)
+    """Learner steps between weight publishes: the rollout workers keep one policy this many steps
+    (DAgger's rounds), so its samples reach publish_every - 1 versions behind the learner; at most
+    buffer.max_staleness + 1."""
     eval_every: int = Field(default=10, ge=0)
     """0 disables periodic evaluation."""
     eval_split: str = "eval50"
@@ -212,6 +215,12 @@ class JobConfig(BaseModel):
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
+        if self.run.publish_every > self.buffer.max_staleness + 1:
+            # Between publishes every fresh sample comes from the last published weights; once those
+            # are more than Δmax versions old the buffer drops them all and the learner waits for ever.
+            raise ValueError(f"run.publish_every={self.run.publish_every} keeps the workers' weights that many steps, "
+                             f"past buffer.max_staleness={self.buffer.max_staleness}: the later steps of each round "
+                             f"would find every sample too stale; set run.publish_every <= buffer.max_staleness + 1")
         self.aggregate.check(algorithm, self.warm_start.num_episodes, ALGORITHMS[algorithm.name].behaviour_free(algorithm))
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):

@@ -60,6 +60,7 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["rollout.segments=true", "learner.algorithm.name=joint"], "rollout.segments needs an algorithm without"),
     (["rollout.num_envs=2"], r"rollout.num_envs \(2\) must hold one group \(rollout.group_size=4\)"),
     (["learner.algorithm={name: grpo_window}", "teacher=null"], "set rollout.group_size=1, got 4"),
+    (["run.publish_every=4"], r"run.publish_every=4 .* buffer.max_staleness=2"),
 ])
 def test_bad_job_configs_name_the_key(overrides, message):
     from jobs.train import JobConfig
