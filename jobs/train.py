@@ -191,6 +191,16 @@ class JobConfig(BaseModel):
         return ([self.teacher] if self.teacher is not None else []) + [r.teacher for r in self.teacher_routes]
 
     @model_validator(mode="after")
+    def _rounds_within_staleness(self) -> "JobConfig":
+        if self.run.publish_every > self.buffer.max_staleness + 1:
+            # Between publishes every fresh sample comes from the last published weights; once those
+            # are more than Δmax versions old the buffer drops them all and the learner waits for ever.
+            raise ValueError(f"run.publish_every={self.run.publish_every} keeps the workers' weights that many steps, "
+                             f"past buffer.max_staleness={self.buffer.max_staleness}: the later steps of each round "
+                             f"would find every sample too stale; set run.publish_every <= buffer.max_staleness + 1")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         algorithm = self.learner.algorithm
         if self.run.steps == 0 and not self.warm_start.num_episodes:
@@ -215,12 +225,6 @@ class JobConfig(BaseModel):
         if algorithm.topk_kl_coef and (not self.teachers or not all(t.top_k for t in self.teachers)):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
-        if self.run.publish_every > self.buffer.max_staleness + 1:
-            # Between publishes every fresh sample comes from the last published weights; once those
-            # are more than Δmax versions old the buffer drops them all and the learner waits for ever.
-            raise ValueError(f"run.publish_every={self.run.publish_every} keeps the workers' weights that many steps, "
-                             f"past buffer.max_staleness={self.buffer.max_staleness}: the later steps of each round "
-                             f"would find every sample too stale; set run.publish_every <= buffer.max_staleness + 1")
         self.aggregate.check(algorithm, self.warm_start.num_episodes, ALGORITHMS[algorithm.name].behaviour_free(algorithm))
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
