@@ -45,6 +45,10 @@ class BufferConfig(BaseModel):
     """Δmax: drop samples more than this many versions behind the learner (0 = on-policy)."""
     batch_size: int = Field(default=32, ge=1)
     """B: samples the learner consumes per step (admission control's unit of room)."""
+    weights_lag: int = Field(default=0, ge=0)
+    """L: versions the rollout workers' weights may be behind the learner's when a sample starts
+    (run.publish_every - 1; a job sets it). Admission keeps Δmax - L learner steps of samples in
+    flight, so samples from a round's old weights are not started only to go stale waiting."""
     samples_per_episode_prior: float = Field(default=4.0, gt=0)
     """Expected samples per episode until the first episodes finish; a job sets it to the
     rollout's turn limit unless given (jobs.train.JobConfig)."""
@@ -136,7 +140,7 @@ class ReplayBuffer:
         self._ring: RingBuffer[tuple[int, int]] = RingBuffer(config.capacity_samples, config.max_staleness,
                                                             on_discard=lambda e: self._release(e.payload[0]))
         self._admission = AdmissionController(config.batch_size, config.max_staleness,
-                                              config.samples_per_episode_prior)
+                                              config.samples_per_episode_prior, config.weights_lag)
         self._leases = LeaseTable()
         self._num_duplicates = 0
         self._num_duplicate_turns = 0

@@ -147,8 +147,10 @@ class RingBuffer(Generic[P]):
 class AdmissionController:
     """Bounds how far rollout runs ahead of the learner, so it does not generate work that would be dropped.
 
-    Unit: samples. With B samples per learner step, version v and staleness bound Δmax,
-        capacity = (Δmax + (v - v0) + 1) * B - (accepted + running)
+    Unit: samples. With B samples per learner step, version v, staleness bound Δmax and the
+    rollout workers' weights up to L versions behind the learner's (`weights_lag`: the rounds of
+    `run.publish_every` = L + 1; 0 when every version is published),
+        capacity = (Δmax - L + (v - v0) + 1) * B - (accepted + running)
     where v0 is the learner's version when this buffer began feeding it (`first_version`: after
     a warm start or a resume the learner is at v0 > 0 and has consumed nothing from it yet),
     `accepted` counts samples that were or will be trained on (consumed + resident: samples
@@ -159,21 +161,29 @@ class AdmissionController:
     whole, as many as fit. A group (`all_or_nothing`) is admitted whole when its expected
     samples fit, and past the bound (by less than one group) only when the learner's next
     step would otherwise lack samples even after every running episode delivers:
-        need_next = (v - v0 + 1) * B - (accepted + running) = capacity - Δmax * B > 0
+        need_next = (v - v0 + 1) * B - (accepted + running) = capacity - (Δmax - L) * B > 0
     Without that exception a learner short of fewer samples than a group yields would wait
     forever (with max_staleness 0, or when a group's early turns went stale and it delivered
     less than estimated); admitting on any room instead let every group overshoot, and a
     group of several long episodes (the tiny default's 4 x 10 turns against B = 32) then
     kept more samples in flight than the bound, whose early turns went stale.
+    A sample started now comes from weights as old as v - L, so only Δmax - L versions are left
+    for it to wait in: with L counted as 0, rounds of 60 published versions under Δmax = 62 kept
+    63 batches in flight from weights up to 59 versions old, and 45% of the samples put went
+    stale (docs/babyai_text.md, "The job's hour in the probe's shape").
     """
 
-    def __init__(self, batch_size: int, max_staleness: int = 2, samples_per_episode_prior: float = 4.0) -> None:
+    def __init__(self, batch_size: int, max_staleness: int = 2, samples_per_episode_prior: float = 4.0,
+                 weights_lag: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 sample, got {batch_size}")
+        if not 0 <= weights_lag <= max_staleness:
+            raise ValueError(f"weights_lag must be in [0, max_staleness={max_staleness}], got {weights_lag}")
         if samples_per_episode_prior <= 0:
             raise ValueError(f"samples_per_episode_prior must be > 0, got {samples_per_episode_prior}")
         self.batch_size = batch_size
         self.max_staleness = max_staleness
+        self.weights_lag = weights_lag
         self.running_episodes = 0
         self._prior = samples_per_episode_prior
         self._finished_episodes = 0
@@ -184,6 +194,11 @@ class AdmissionController:
         """v0: the learner's version when this buffer began feeding it."""
 
     @property
+    def _wait_bound(self) -> int:
+        """Learner steps a sample may wait between its start and its consumption: Δmax - L."""
+        return self.max_staleness - self.weights_lag
+
+    @property
     def samples_per_episode(self) -> float:
         if self._finished_episodes == 0:
             return self._prior
@@ -191,7 +206,7 @@ class AdmissionController:
 
     def capacity(self, learner_version: int, accepted: int) -> float:
         """Samples that may still be started at this version."""
-        limit = (self.max_staleness + learner_version - self.first_version + 1) * self.batch_size
+        limit = (self._wait_bound + learner_version - self.first_version + 1) * self.batch_size
         still_to_come = max(0.0, self.running_episodes * self.samples_per_episode - self.delivered_running)
         return limit - (accepted + still_to_come)
 
@@ -203,7 +218,7 @@ class AdmissionController:
         room = self.capacity(learner_version, accepted)
         if all_or_nothing:
             fits = room >= num_episodes * self.samples_per_episode
-            needed = room - self.max_staleness * self.batch_size > 0
+            needed = room - self._wait_bound * self.batch_size > 0
             granted = num_episodes if fits or needed else 0
         else:
             granted = max(0, min(num_episodes, int(room // self.samples_per_episode)))

@@ -73,7 +73,8 @@ class RunConfig(BaseModel):
     """Learner steps of the main loop (policy versions after the warm start); 0: the warm start alone."""
     publish_every: int = Field(default=1, ge=1)
     """Learner steps between weight publishes: the rollout workers keep one policy this many steps
-    (DAgger's rounds), so its samples reach publish_every - 1 versions behind the learner; at most
+    (DAgger's rounds), so its samples start up to publish_every - 1 versions behind the learner
+    (buffer.weights_lag: admission keeps that part of Δmax out of the samples' wait); at most
     buffer.max_staleness + 1."""
     eval_every: int = Field(default=10, ge=0)
     """0 disables periodic evaluation."""
@@ -162,28 +163,39 @@ class JobConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _admission_prior(cls, data: Any) -> Any:
-        """buffer.samples_per_episode_prior, unless set, is the rollout's turn limit: admission's
-        estimate of an episode's samples until the first episodes finish. An untrained student
-        runs its episodes to the limit; the generic prior (4) let the tiny default's first wave
-        start 16 episodes of 10 turns against room for 96 samples, and 112 of the 440 samples
-        its first 10 steps put went stale (docs/architecture.md, admission)."""
+    def _admission_facts(cls, data: Any) -> Any:
+        """What admission knows of the rest of the job, each unless set in `buffer`.
+        samples_per_episode_prior is the rollout's turn limit: admission's estimate of an
+        episode's samples until the first episodes finish. An untrained student runs its episodes
+        to the limit; the generic prior (4) let the tiny default's first wave start 16 episodes of
+        10 turns against room for 96 samples, and 112 of the 440 samples its first 10 steps put
+        went stale (docs/architecture.md, admission).
+        weights_lag is run.publish_every - 1: how far behind the learner's the weights a sample
+        starts from may be (buffer.core.AdmissionController)."""
         if not isinstance(data, dict):
             return data
         buffer = data.get("buffer", {})
         if isinstance(buffer, BufferConfig):
-            if "samples_per_episode_prior" in buffer.model_fields_set:
-                return data
-            buffer = buffer.model_dump(exclude_unset=True)
-        if not isinstance(buffer, dict) or "samples_per_episode_prior" in buffer:
-            return data
-        rollout = data.get("rollout", {})
-        if isinstance(rollout, dict):
-            loop = rollout.get("loop", {})
-            max_turns = loop.max_turns if not isinstance(loop, dict) else loop.get("max_turns", RolloutConfig().loop.max_turns)
+            given, buffer = buffer.model_fields_set, buffer.model_dump(exclude_unset=True)
+        elif isinstance(buffer, dict):
+            given = set(buffer)
         else:
-            max_turns = rollout.loop.max_turns
-        return {**data, "buffer": {**buffer, "samples_per_episode_prior": max_turns}}
+            return data
+        facts = {}
+        if "samples_per_episode_prior" not in given:
+            rollout = data.get("rollout", {})
+            if isinstance(rollout, dict):
+                loop = rollout.get("loop", {})
+                facts["samples_per_episode_prior"] = (loop.get("max_turns", RolloutConfig().loop.max_turns)
+                                                      if isinstance(loop, dict) else loop.max_turns)
+            else:
+                facts["samples_per_episode_prior"] = rollout.loop.max_turns
+        if "weights_lag" not in given:
+            run = data.get("run", {})
+            publish_every = run.get("publish_every", RunConfig().publish_every) if isinstance(run, dict) else run.publish_every
+            if isinstance(publish_every, int) and publish_every >= 1:  # else RunConfig names the error
+                facts["weights_lag"] = publish_every - 1
+        return {**data, "buffer": {**buffer, **facts}}
 
     @property
     def teachers(self) -> list[TeacherConfig]:
@@ -198,6 +210,10 @@ class JobConfig(BaseModel):
             raise ValueError(f"run.publish_every={self.run.publish_every} keeps the workers' weights that many steps, "
                              f"past buffer.max_staleness={self.buffer.max_staleness}: the later steps of each round "
                              f"would find every sample too stale; set run.publish_every <= buffer.max_staleness + 1")
+        if self.buffer.weights_lag > self.buffer.max_staleness:
+            raise ValueError(f"buffer.weights_lag={self.buffer.weights_lag} exceeds buffer.max_staleness="
+                             f"{self.buffer.max_staleness}: a sample from weights that old is stale before it starts; "
+                             f"leave it unset (run.publish_every - 1)")
         return self
 
     @model_validator(mode="after")

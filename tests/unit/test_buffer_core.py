@@ -311,3 +311,28 @@ def test_admission_counts_learner_steps_from_the_version_the_buffer_began_at():
     adm.finish(24, num_samples=24)
     assert adm.capacity(384, accepted=24) == 0
     assert adm.capacity(385, accepted=24) == 8  # one learner step later: B more room
+
+
+@pytest.mark.parametrize("weights_lag, dropped", [(0, True), (5, False)])
+def test_rounds_of_published_weights_start_nothing_that_goes_stale(weights_lag, dropped):
+    """Weights published every 6 learner steps (L = 5) under Δmax = 5, episodes of one sample
+    generated the moment they are admitted (the fastest rollout): counting L, admission starts
+    only what the learner takes before the round's weights are Δmax old, and nothing is dropped;
+    counting the workers' weights as the learner's (L = 0) it starts Δmax + 1 batches from weights
+    already up to 5 versions old, and the resident ones go stale at the next round."""
+    batch, max_staleness, publish_every = 4, 5, 6
+    buf = RingBuffer(capacity=256, max_staleness=max_staleness)
+    adm = AdmissionController(batch_size=batch, max_staleness=max_staleness, samples_per_episode_prior=1.0,
+                              weights_lag=weights_lag)
+    published = 0
+    for version in range(60):
+        started = adm.admit(1000, version, accepted_samples(buf))
+        buf.put(entries([published] * started))
+        adm.finish(started, started)
+        assert len(buf.get(batch, version)) == batch  # the learner never waits
+        if (version + 1) % publish_every == 0:
+            published = version + 1
+    assert (buf.counters.dropped_stale > 0) == dropped
+    assert max(buf.counters.staleness_histogram) <= max_staleness
+    with pytest.raises(ValueError, match="weights_lag"):
+        AdmissionController(batch_size=4, max_staleness=2, weights_lag=3)

@@ -61,6 +61,7 @@ def test_missing_file_and_non_mapping(tmp_path):
     (["rollout.num_envs=2"], r"rollout.num_envs \(2\) must hold one group \(rollout.group_size=4\)"),
     (["learner.algorithm={name: grpo_window}", "teacher=null"], "set rollout.group_size=1, got 4"),
     (["run.publish_every=4"], r"run.publish_every=4 .* buffer.max_staleness=2"),
+    (["buffer.weights_lag=3"], r"buffer.weights_lag=3 exceeds buffer.max_staleness=2"),
 ])
 def test_bad_job_configs_name_the_key(overrides, message):
     from jobs.train import JobConfig
@@ -264,6 +265,11 @@ def test_admission_expects_the_turn_limit_per_episode_unless_told_otherwise():
     given = load_config(JobConfig, path, ["buffer.samples_per_episode_prior=3", "rollout.loop.max_turns=7"])
     assert given.buffer.samples_per_episode_prior == 3
     assert JobConfig().buffer.samples_per_episode_prior == JobConfig().rollout.loop.max_turns
+    # The weights a sample starts from lag by up to a round of published versions.
+    assert load_config(JobConfig, path, []).buffer.weights_lag == 0
+    rounds = ["run.publish_every=3", "buffer.max_staleness=4"]
+    assert load_config(JobConfig, path, rounds).buffer.weights_lag == 2
+    assert load_config(JobConfig, path, [*rounds, "buffer.weights_lag=1"]).buffer.weights_lag == 1
 
 
 def test_resume_refuses_a_changed_config_unless_the_keys_are_named(tmp_path):
