@@ -4,20 +4,21 @@ Everything from the first demonstration to the final evaluation runs inside `--w
 one hour), measured from this script's start:
 
 1. curriculum stages, each a `python -m jobs.train` of `jobs/configs/babyai_mixed_hour.yaml`
-   with the stage's overrides, starting from the stage before's exported policy (`hf/`):
+   with the stage's overrides, starting from the stage before's exported policy (`hf/`), of
    `starter` (6x6 room, no distractor, go_to and pick_up), `distractors` (2 distractors),
-   `room` (8x8 room, 4 distractors), then `mixed` (the study's MixedTrainLocal with its six
-   task types, the file as is).
-   Each clones the bot's demonstrations of its level (the warm start's SFT), its rate's cosine
-   ending with the stage (`warm_start.max_wall_s`, `run.steps=0`). `--sft-share F < 1` clones for
-   the share F of the stage and runs DAgger for the rest: the config's OPD against the oracle
-   teacher with the top-k term alone (the bot's call at every state the student reached), each
-   batch with the warm start's demonstrations and past batches beside the fresh one (`aggregate`,
-   docs/babyai_text.md, "The aggregate in the job"), ending the stage early when its periodic
-   evaluation reaches the stage's target (`run.target_eval_success`). Measured with F = 0.3
-   (docs/babyai_text.md, "The hour's runs"): the DAgger phases lowered what cloning had reached on
-   the 8x8 room and the study's level, so cloning alone stays the default. A stage may use its
-   share of the budget at most; the last stage gets whatever is left;
+   `room` (8x8 room, 4 distractors) and `mixed` (the study's MixedTrainLocal with its six task
+   types, the file as is). By default two: `starter`, then `mixed`.
+   A stage clones the bot's demonstrations of its level (the warm start's SFT) for the share F of
+   its clock (`--sft-share`; the rate's cosine ends with it) and runs DAgger for the rest: the
+   config's OPD against the oracle teacher with the top-k term alone (the bot's call at every
+   state the student reached) in rounds of weights published every 60 steps, each batch with the
+   warm start's demonstrations and past batches beside the fresh one (`aggregate`,
+   docs/babyai_text.md, "The aggregate in the job"). Defaults: F = 1 (cloning alone, ending early
+   when its evaluation reaches the stage's target, `run.target_eval_success`), and F = 0.02 for
+   `mixed` (a minute of cloning, then DAgger for the rest of the hour: 0.20 on eval50 where cloning
+   every stage of the four had reached 0.14 and 0.14; docs/babyai_text.md, "The job's hour in the
+   probe's shape"). A stage may use its share of the budget at most; the last stage gets whatever
+   is left;
 2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
    20 turns, greedy): inside the budget;
 3. outside the budget, the floor and the ceiling on the same tasks: `policy=random` (a random
@@ -27,14 +28,12 @@ Per task type it prints the final policy's failure modes (jobs.evaluate: format,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
 
     python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
-        [--stages starter,distractors,room,mixed] [--sft-share [STAGE=]F ...] [--set KEY=VALUE ...]
+        [--stages starter,mixed] [--sft-share [STAGE=]F ...] [--set KEY=VALUE ...]
 
 `--stages` runs a subset of the curriculum, in its order (the last one given gets the rest of the
-hour); `--sft-share F` sets every stage's share, `--sft-share mixed=0.05` one stage's, e.g. the
-starter level cloned, then the study's level by the job's DAgger for the rest of the hour (the
-offline probe's path, README: "DAgger fits the hour"): `--stages starter,mixed
---sft-share mixed=0.05`, measured 0.06 on eval50 (seed 1, with `--set learner.schedule=cosine
---set learner.total_steps=900`; docs/babyai_text.md, "DAgger given the hour"), below cloning's 0.14.
+hour); `--sft-share F` sets every stage's share, `--sft-share mixed=0.05` one stage's (later ones
+win over the defaults). The cloning curriculum measured before (0.14, 0.14): `--stages
+starter,distractors,room,mixed --sft-share 1`.
 
 `--set` overrides the config in every stage (after the stage's own), e.g. BabyAI-Text's own
 observation order: `--set env.observation_order=scan`; DAgger on the fresh batch alone: `--set
@@ -63,6 +62,8 @@ FINAL_EVAL_S = 90.0
 """Kept back from the last stage for the final eval50 run (a vLLM start and 50 greedy episodes)."""
 JOB_START_S = 60.0
 """A job's start before its wall clock (run.max_wall_s) begins: imports, Ray, actors, engine."""
+DEFAULT_SFT_SHARE = "mixed=0.02"
+"""The study's level: a minute of cloning, then the config's DAgger (a given `--sft-share` wins)."""
 FILL_EPOCHS = 50
 """Passes over a stage's demonstrations at most: enough that its time, not its data, ends its SFT."""
 STAGE_END_S = 60.0
@@ -132,11 +133,11 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0, help="model init, sampling and demonstration seeds")
     parser.add_argument("--out", default="runs/mixed_hour")
-    parser.add_argument("--stages", default=",".join(stage.name for stage in STAGES),
+    parser.add_argument("--stages", default="starter,mixed",
                         help="the stages to run, comma-separated, in the curriculum's order")
     parser.add_argument("--sft-share", action="append", default=[], metavar="[STAGE=]F",
                         help="share of a stage's clock its warm start's SFT fills, the rest the run's loop "
-                             "(DAgger); F alone: every stage (default 1); repeatable")
+                             f"(DAgger); F alone: every stage (default 1, {DEFAULT_SFT_SHARE} after it); repeatable")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every stage, after the stage's own (repeatable)")
     args = parser.parse_args()
@@ -145,7 +146,7 @@ def main() -> None:
     if unknown := set(names) - set(known):
         parser.error(f"--stages: unknown {sorted(unknown)}; known, in order: {', '.join(known)}")
     stages = [stage for stage in STAGES if stage.name in names]
-    sft_share = sft_shares(args.sft_share, known, parser)
+    sft_share = sft_shares([DEFAULT_SFT_SHARE, *args.sft_share], known, parser)
     from jobs.config import load_config
     from jobs.train import JobConfig
 
