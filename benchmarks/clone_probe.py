@@ -21,10 +21,11 @@ question ("Is the object in front of you the one your task names?") answered `ri
 (RESULT keys `answers_facing_target_<arm>`, `answers_facing_other_<arm>`: how often the student
 answers it right on the off-path turns); `--ask-only` trains on those questions alone.
 The `nearest` arm is `view` with the observation's sentences nearest first
-(`env.observation_order: nearest`): the object in front is always the first one.
+(`env.observation_order: nearest`): the object in front is always the first one; `memory` is
+`nearest` with the objects seen earlier and out of view now after them (`env.observation_memory`).
 
     python benchmarks/clone_probe.py [--seconds 240] [--preset mini] [--room-size 6] [--distractors 2]
-        [--task-types go_to,pick_up] [--arms system_view,view,history,nearest] [--noise 0] [--oversample-facing 1]
+        [--task-types go_to,pick_up] [--arms system_view,view,history,nearest,memory] [--noise 0] [--oversample-facing 1]
         [--ask-facing | --ask-only]
 
 Ends with `RESULT held_acc_<arm>=... held_acc_act_<arm>=... steps_<arm>=...
@@ -62,6 +63,7 @@ ARMS = {  # arm: (prompt options, environment options)
     "view": (_VIEW, {}),
     "history": ({**_VIEW, "history_window": "all"}, {}),
     "nearest": (_VIEW, {"observation_order": "nearest"}),
+    "memory": (_VIEW, {"observation_order": "nearest", "observation_memory": True}),
 }
 Sample = tuple[tuple[int, ...], tuple[int, ...]]
 INTERACTIONS = ("pick_up", "drop", "toggle")

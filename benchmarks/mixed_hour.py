@@ -190,7 +190,8 @@ def main() -> None:
         print(f"stage {stage.name}: {time.monotonic() - stage_start:.0f} s, eval (version:success) "
               + " ".join(f"{v}:{s:.2f}" for v, s in curves[stage.name]), flush=True)
     assert model_path is not None, "no stage ran: --wall-s is too small"
-    job = load_config(JobConfig, CONFIG, [f"run.dir={out}"])
+    # eval50 on the study's level as the stages saw it: the file with --set (e.g. the observation's form).
+    job = load_config(JobConfig, CONFIG, [*args.set, f"run.dir={out}"])
     final = evaluate(job, model_path, "model", out / "eval_final", 50)
     wall = time.monotonic() - start
     random = evaluate(job, job.model.path, "random", out / "eval_random", 50)

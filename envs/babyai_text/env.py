@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from envs.babyai_text.level import NUM_DISTRACTORS, ROOM_SIZE, MixedTrainLocalLevel, num_rooms
 from envs.babyai_text.tasks import SPLITS, TASK_TYPES, split_size, task_spec
-from envs.babyai_text.text_obs import ObservationOrder, describe, describe_map
+from envs.babyai_text.text_obs import ObservationOrder, describe, describe_map, recalled, seen_cells
 from envs.protocol import EnvReset, EnvStep, Expert, TaskInfo, ToolCall
 from envs.registry import EnvConfig
 from envs.tools import function_tool
@@ -54,6 +54,11 @@ class BabyAITextConfig(EnvConfig):
     observation_order: ObservationOrder = "scan"
     """Order of the observation's sentences: `scan`, BabyAI-Text's (the study's); `nearest`, by
     steps from the agent, the cell in front first (envs.babyai_text.text_obs, docs/babyai_text.md)."""
+    observation_memory: bool = False
+    """After the view, the objects and doors seen earlier in the episode and out of view now, at the
+    cell where each was last seen relative to the agent's pose ("You remember a red ball 1 step left
+    and 2 steps back"): the agent's own past views, so a policy without the history in its prompt
+    can go back to what it saw (envs.babyai_text.text_obs, docs/babyai_text.md, "Remembered objects")."""
     expert_deviation: Literal["undo", "replan"] = "undo"
     """The bot's advice after a call it did not suggest (the oracle teacher's and judge's labels on
     a student's own paths): `undo` plans to undo the call first (minigrid's bot), `replan` plans
@@ -82,6 +87,7 @@ class BabyAITextEnv:
         self._level: MixedTrainLocalLevel | None = None
         self._done = True
         self._info: TaskInfo | None = None
+        self._memory: dict[tuple[int, int], str] = {}
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -119,6 +125,7 @@ class BabyAITextEnv:
         level.task_type = spec.task_type
         obs, _ = level.reset(seed=spec.level_seed)
         self._level = level
+        self._memory = {}
         self._done = False
         self._info = TaskInfo(split=split, seed=seed, task_type=spec.task_type, max_steps=level.max_steps)
         return EnvReset(task=level.mission, observation=self._observation(obs), info=self._info)
@@ -169,6 +176,17 @@ class BabyAITextEnv:
                        num_steps=level.step_count, truncated=bool(truncated and not terminated))
 
     def _observation(self, obs: dict[str, Any]) -> str:
-        carrying = self._level.carrying if self._level is not None else None
-        held = (carrying.color, carrying.type) if carrying is not None else None
-        return "\n".join(describe(obs["image"], held, self.config.observation_order))
+        level = self.level
+        held = (level.carrying.color, level.carrying.type) if level.carrying is not None else None
+        lines = describe(obs["image"], held, self.config.observation_order)
+        if self.config.observation_memory:
+            pose = (tuple(int(v) for v in level.agent_pos), tuple(int(v) for v in level.dir_vec),
+                    tuple(int(v) for v in level.right_vec))
+            in_view = seen_cells(obs["image"], *pose)
+            lines += recalled(self._memory, set(in_view), *pose)
+            for cell, what in in_view.items():
+                if what is None:
+                    self._memory.pop(cell, None)
+                else:
+                    self._memory[cell] = what
+        return "\n".join(lines)

@@ -12,6 +12,11 @@ steps from the agent (forward first, then left, then right, at equal steps): the
 one a pick-up, drop or toggle acts on, is always the first sentence after what is carried. Same
 sentences, same content; a small student compares the object in front with the instruction's
 words at a fixed place instead of finding it among the lines (docs/babyai_text.md, "Nearest first").
+
+`seen_cells` and `recalled` are the agent's memory of objects out of view (`env.observation_memory`):
+what earlier views showed, placed relative to the agent's pose now. Nothing in it comes from outside
+the agent's own views: a turn always turns, and whether a step forward moved is in the view before it
+(something in front blocks it), so the transcript alone determines every pose.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ def _where(dx: int, dy: int) -> str:
     if dy == 0:
         return f"{_steps(abs(dx))} {side}"
     return f"{_steps(abs(dx))} {side} and {_steps(dy)} forward"
+
+
+def _words(kind: int, color: int, state: int) -> str:
+    """An object's or door's words in a sentence ("red ball", "locked green door")."""
+    if kind == _DOOR:
+        return f"{_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door"
+    return f"{IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]}"
 
 
 def _scan_wall(cells: list[int]) -> int | None:
@@ -84,13 +96,47 @@ def describe(image: np.ndarray, carrying: tuple[str, str] | None = None,
             dx, dy = x - ax, ay - y
             where = _where(dx, dy)
             steps, side = abs(dx) + dy, _SIDE_RANK["forward" if dx == 0 else "left" if dx < 0 else "right"]
-            what = (f"{_DOOR_STATES[state]} {IDX_TO_COLOR[color]} door" if kind == _DOOR
-                    else f"{IDX_TO_COLOR[color]} {IDX_TO_OBJECT[kind]}")
-            seen.append((steps, side, f"You see a {what} {where}"))
+            seen.append((steps, side, f"You see a {_words(kind, color, state)} {where}"))
     if order == "nearest":
         seen.sort(key=lambda item: item[:2])
     carried = [f"You carry a {carrying[0]} {carrying[1]}"] if carrying is not None else []
     return carried + [sentence for _, _, sentence in seen]
+
+
+Cell = tuple[int, int]
+
+
+def seen_cells(image: np.ndarray, agent_pos: Cell, dir_vec: Cell, right_vec: Cell) -> dict[Cell, str | None]:
+    """Every grid cell the view shows, by grid coordinates: the words of its object or door, None
+    for floor and wall (the agent's own cell, which shows what it carries, left out)."""
+    grid = image.tolist()
+    width, height = len(grid), len(grid[0])
+    ax, ay = width // 2, height - 1
+    cells: dict[Cell, str | None] = {}
+    for x in range(width):
+        for y in range(height):
+            kind, color, state = grid[x][y]
+            if kind == _UNSEEN or (x == ax and y == ay):
+                continue
+            right, forward = x - ax, ay - y
+            cell = (agent_pos[0] + forward * dir_vec[0] + right * right_vec[0],
+                    agent_pos[1] + forward * dir_vec[1] + right * right_vec[1])
+            cells[cell] = None if kind in _NOT_OBJECTS else _words(kind, color, state)
+    return cells
+
+
+def recalled(memory: dict[Cell, str], in_view: set[Cell], agent_pos: Cell, dir_vec: Cell,
+             right_vec: Cell) -> list[str]:
+    """"You remember a ..." for each remembered object or door out of view now, at the cell where it
+    was last seen relative to the agent's pose, nearest first."""
+    lines = []
+    for cell, what in memory.items():
+        if cell in in_view:
+            continue
+        dx, dy = cell[0] - agent_pos[0], cell[1] - agent_pos[1]
+        forward, right = dx * dir_vec[0] + dy * dir_vec[1], dx * right_vec[0] + dy * right_vec[1]
+        lines.append((abs(forward) + abs(right), f"You remember a {what} {_offset(forward, right)}"))
+    return [line for _, line in sorted(lines)]
 
 
 def _offset(forward: int, right: int) -> str:

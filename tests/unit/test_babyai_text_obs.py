@@ -1,5 +1,7 @@
 """Golden sentences of the BabyAI-Text observation, on hand-built views and states."""
 
+import re
+
 import numpy as np
 import pytest
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
@@ -9,7 +11,9 @@ from minigrid.core.world_object import Ball, Box, Door, Key
 from minigrid.minigrid_env import MiniGridEnv
 
 from envs.babyai_text import BabyAITextEnv
-from envs.babyai_text.text_obs import describe
+from envs.babyai_text.env import BabyAITextConfig
+from envs.babyai_text.text_obs import describe, recalled, seen_cells
+from envs.protocol import ToolCall
 
 STATE = {"open": 0, "closed": 1, "locked": 2}
 
@@ -163,3 +167,69 @@ SEEDED_GOLDENS = [
 def test_seeded_resets_are_pinned(split, seed, task_type, task, observation):
     reset = BabyAITextEnv().reset(seed, split)
     assert (reset.info.task_type, reset.task, reset.observation) == (task_type, task, observation)
+
+
+@pytest.mark.parametrize("direction", range(4))
+def test_seen_cells_place_the_view_on_the_grid(direction):
+    def place(grid):
+        grid.set(1, 4, Ball("red"))
+        grid.set(5, 2, Key("blue"))
+        grid.set(4, 5, Box("grey"))
+        grid.set(6, 3, Door("green", is_open=True))
+
+    env = HandBuilt(place)
+    env.reset(seed=0)
+    env.agent_dir = direction
+    image = env.gen_obs()["image"]
+    cells = seen_cells(image, tuple(env.agent_pos), tuple(env.dir_vec), tuple(env.right_vec))
+    assert tuple(env.agent_pos) not in cells
+    for (x, y), words in cells.items():
+        if not (0 <= x < env.grid.width and 0 <= y < env.grid.height):
+            assert words is None  # minigrid's view pads beyond the grid with walls
+            continue
+        obj = env.grid.get(x, y)
+        expected = (None if obj is None or obj.type == "wall" else
+                    f"open {obj.color} door" if obj.type == "door" else f"{obj.color} {obj.type}")
+        assert words == expected, (x, y)
+    # Every object the view shows is placed where the grid has it.
+    assert sum(words is not None for words in cells.values()) == sum(
+        line.startswith("You see a") and "wall" not in line for line in describe(image))
+
+
+def test_recalled_skips_what_is_in_view_and_goes_nearest_first():
+    memory = {(1, 1): "red ball", (5, 5): "blue key", (3, 2): "grey box"}
+    # At (3, 3) facing right (+x): forward is +x, right is +y.
+    lines = recalled(memory, {(5, 5)}, (3, 3), (1, 0), (0, 1))
+    assert lines == ["You remember a grey box 1 step left", "You remember a red ball 2 steps left and 2 steps back"]
+
+
+def test_memory_after_turning_around_recalls_the_first_view_behind():
+    env = BabyAITextEnv(BabyAITextConfig(observation_memory=True))
+    first = env.reset(7, "train").observation.split("\n")
+    env.step(ToolCall("turn_left"))
+    behind = env.step(ToolCall("turn_left")).observation.split("\n")
+    expected = []
+    for line in first:
+        match = re.fullmatch(r"You see an? (.+?) (?:(\d+ steps?) (left|right))?(?: and )?(?:(\d+ steps?) forward)?", line)
+        what, side_steps, side, forward_steps = match.groups()
+        if "wall" in what or forward_steps is None:  # walls are not remembered; on the agent's row still in view
+            continue
+        other = {"left": "right", "right": "left"}.get(side)
+        where = " and ".join(part for part in (side_steps and f"{side_steps} {other}", f"{forward_steps} back") if part)
+        expected.append(f"You remember a {what} {where}")
+    remembered = [line for line in behind if line.startswith("You remember")]
+    # The view between the two turns may add objects of its own.
+    assert expected and set(expected) <= set(remembered)
+    assert not any(line.startswith("You remember") for line in BabyAITextEnv().reset(7, "train").observation.split("\n"))
+
+
+def test_memory_forgets_an_object_once_picked_up():
+    env = BabyAITextEnv(BabyAITextConfig(observation_memory=True, expert_deviation="replan"))
+    env.reset(7, "train")  # put a blue key next to the grey ball
+    bot, call = env.expert(), None
+    while (call := bot.act(call)).name != "pick_up":
+        env.step(call)
+    front = tuple(int(v) for v in env.level.front_pos)
+    assert front in env._memory
+    env.step(call)
+    assert env.level.carrying is not None and front not in env._memory
