@@ -35,9 +35,9 @@ hour); `--sft-share F` sets every stage's share, `--sft-share mixed=0.05` one st
 win over the defaults). The cloning curriculum measured before (0.14, 0.14): `--stages
 starter,distractors,room,mixed --sft-share 1`.
 
-`--set` overrides the config in every stage (after the stage's own), e.g. BabyAI-Text's own
-observation order: `--set env.observation_order=scan`; DAgger on the fresh batch alone: `--set
-aggregate.num_demonstration_samples=0 --set aggregate.num_replayed_samples=0`.
+`--set` overrides the config in every stage (after the stage's own) and in the final eval50, e.g.
+BabyAI-Text's own observation order: `--set env.observation_order=scan`; DAgger on the fresh batch
+alone: `--set aggregate.num_demonstration_samples=0 --set aggregate.num_replayed_samples=0`.
 
 Goal (issue: the seed's level on a laptop): eval50 >= 0.3 within 3,600 s on 2 cores (document
 000's Qwen3-14B with GRPO: 0.30-0.36); stretch 0.5.
