@@ -191,7 +191,7 @@ def test_seen_cells_place_the_view_on_the_grid(direction):
         expected = (None if obj is None or obj.type == "wall" else
                     f"open {obj.color} door" if obj.type == "door" else f"{obj.color} {obj.type}")
         assert words == expected, (x, y)
-    # Every object the view shows is placed where the grid has it.
+    # As many objects as the view's sentences name.
     assert sum(words is not None for words in cells.values()) == sum(
         line.startswith("You see a") and "wall" not in line for line in describe(image))
 
