@@ -183,7 +183,7 @@ class BabyAITextEnv:
             pose = (tuple(int(v) for v in level.agent_pos), tuple(int(v) for v in level.dir_vec),
                     tuple(int(v) for v in level.right_vec))
             in_view = seen_cells(obs["image"], *pose)
-            lines += recalled(self._memory, set(in_view), *pose)
+            lines += recalled(self._memory, in_view, *pose)
             for cell, what in in_view.items():
                 if what is None:
                     self._memory.pop(cell, None)

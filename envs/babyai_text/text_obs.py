@@ -21,6 +21,7 @@ the agent's own views: a turn always turns, and whether a step forward moved is 
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Literal
 
 import numpy as np
@@ -125,7 +126,7 @@ def seen_cells(image: np.ndarray, agent_pos: Cell, dir_vec: Cell, right_vec: Cel
     return cells
 
 
-def recalled(memory: dict[Cell, str], in_view: set[Cell], agent_pos: Cell, dir_vec: Cell,
+def recalled(memory: dict[Cell, str], in_view: Container[Cell], agent_pos: Cell, dir_vec: Cell,
              right_vec: Cell) -> list[str]:
     """"You remember a ..." for each remembered object or door out of view now, at the cell where it
     was last seen relative to the agent's pose, nearest first."""
