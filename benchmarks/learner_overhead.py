@@ -12,7 +12,9 @@ process, nothing else running.
     python benchmarks/learner_overhead.py [--model tiny:mini] [--minibatch 32] [--num-minibatches 12]
         [--repeats 5] [--threads 2]
 
-Ends with `RESULT learner_updates_per_s=... plain_updates_per_s=... learner_over_plain=...`.
+The learner runs twice, without and with `learner.compile` (its warm-up steps, which compile,
+printed apart). Ends with `RESULT learner_updates_per_s=... plain_updates_per_s=...
+learner_over_plain=... compiled_updates_per_s=... compiled_over_plain=...`.
 """
 
 from __future__ import annotations
@@ -63,12 +65,20 @@ def main() -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    trainer = Trainer(job.learner, ModelConfig(path=args.model))
-    trainer.train_step(sequences)  # warm-up
-    start = time.perf_counter()
-    for _ in range(args.repeats):
-        trainer.train_step(sequences)
-    learner = args.repeats * args.num_minibatches / (time.perf_counter() - start)
+
+    def learner_updates_per_s(config) -> float:
+        trainer = Trainer(config, ModelConfig(path=args.model))
+        warm = time.perf_counter()
+        for _ in range(2):  # warm-up: the second step's shapes differ, which compiles once more
+            trainer.train_step(sequences)
+        print(f"compile={config.compile}: warm-up {time.perf_counter() - warm:.1f} s", flush=True)
+        start = time.perf_counter()
+        for _ in range(args.repeats):
+            trainer.train_step(sequences)
+        return args.repeats * args.num_minibatches / (time.perf_counter() - start)
+
+    learner = learner_updates_per_s(job.learner.model_copy(update={"compile": False}))
+    compiled = learner_updates_per_s(job.learner.model_copy(update={"compile": True}))
 
     # The probe's loop (benchmarks/clone_probe.py sft_step): the same minibatches, one padded pass each.
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(ModelConfig(path=args.model)))
@@ -99,7 +109,8 @@ def main() -> None:
     plain = args.repeats * args.num_minibatches / (time.perf_counter() - start)
     dist.destroy_process_group()
     print(f"RESULT learner_updates_per_s={learner:.2f} plain_updates_per_s={plain:.2f} "
-          f"learner_over_plain={learner / plain:.2f}")
+          f"learner_over_plain={learner / plain:.2f} compiled_updates_per_s={compiled:.2f} "
+          f"compiled_over_plain={compiled / plain:.2f}")
 
 
 if __name__ == "__main__":

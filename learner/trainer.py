@@ -1,7 +1,8 @@
 """One learner rank: FSDP2 model, AdamW, micro-batched steps, weight export, checkpoints.
 
 Works in any torch.distributed process group (gloo on CPU, NCCL on GPU), also of size 1.
-The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root. Mixed
+The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root (not on a lone
+fp32 rank: nothing to shard, and the hooks cost a CPU step ~10%). Mixed
 precision follows `model.dtype`, on any device: the parameters FSDP shards -- the optimizer's
 master weights, and AdamW's moments with them -- are always fp32; forward and backward run in
 `model.dtype` (FSDP2's `MixedPrecisionPolicy(param_dtype=...)`), gradients are reduced in fp32.
@@ -114,6 +115,11 @@ class LearnerConfig(BaseModel):
     resolves to."""
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
+    compile: bool = False
+    """torch.compile the model's forward and backward (in place: names and checkpoints unchanged).
+    The first steps compile (~40 s on 2 cores for tiny:mini, once more when shapes first vary);
+    after that a tiny model's CPU update runs ~1.4x faster alone on its rank (FSDP2 splits the
+    graph per block when the rank shards; benchmarks/learner_overhead.py measures both)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass: less memory for
     long packed sequences at real shapes, about one more forward pass of compute."""
@@ -346,11 +352,20 @@ class Trainer:
             # Non-reentrant checkpointing composes with FSDP2's per-block all-gathers.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_token_id = self.model.config.pad_token_id or 0
-        mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32) \
-            if self.compute_dtype != torch.float32 else MixedPrecisionPolicy()
-        for layer in self.model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(self.model, mp_policy=mp)
+        # One fp32 rank has nothing to shard, reduce or cast: FSDP2's hooks would cost a tiny
+        # model's CPU update ~10% and split a compiled graph at every block. Mixed precision is
+        # FSDP2's policy, so a bf16 rank shards even alone.
+        self.sharded = self.world_size > 1 or self.compute_dtype != torch.float32
+        if self.sharded:
+            mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32) \
+                if self.compute_dtype != torch.float32 else MixedPrecisionPolicy()
+            for layer in self.model.model.layers:
+                if config.compile:
+                    layer.compile()  # per block, inside FSDP2's hooks (as torchtitan does)
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(self.model, mp_policy=mp)
+        elif config.compile:
+            self.model.compile(dynamic=True)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, config))
