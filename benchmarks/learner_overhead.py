@@ -2,12 +2,12 @@
 
 DAgger's gain on the study's level came with many small updates (docs/babyai_text.md, "The
 labels, the rounds and the reuse"): the offline probe's ~2.6 updates of 32 turns a second. This
-measures what the job's learner (`learner.trainer.Trainer`: FSDP2 on one gloo rank, the
-forward KL to the teacher's top-k, micro-batches, gradient clipping, its statistics) costs per
-update against the probe's loop (one padded forward, cross-entropy, AdamW) on the same turns:
-the bot's demonstrations of the study's level as the job trains them (scored by their
-demonstrator, so the top-k term is their cross-entropy), the hour's model and prompts, in one
-process, nothing else running.
+measures what the job's learner (`learner.trainer.Trainer` on one gloo rank, which a lone fp32
+rank does not shard; the forward KL to the teacher's top-k, micro-batches, gradient clipping, its
+statistics) costs per update against the probe's loop (one padded forward, cross-entropy,
+AdamW) on the same turns: the bot's demonstrations of the study's level as the job trains them
+(scored by their demonstrator, so the top-k term is their cross-entropy), the hour's model and
+prompts, in one process, nothing else running.
 
     python benchmarks/learner_overhead.py [--model tiny:mini] [--minibatch 32] [--num-minibatches 12]
         [--repeats 5] [--threads 2]

@@ -1,14 +1,14 @@
 """One learner rank: FSDP2 model, AdamW, micro-batched steps, weight export, checkpoints.
 
 Works in any torch.distributed process group (gloo on CPU, NCCL on GPU), also of size 1.
-The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root (not on a lone
-fp32 rank: nothing to shard, and the hooks cost a CPU step ~10%). Mixed
-precision follows `model.dtype`, on any device: the parameters FSDP shards -- the optimizer's
-master weights, and AdamW's moments with them -- are always fp32; forward and backward run in
-`model.dtype` (FSDP2's `MixedPrecisionPolicy(param_dtype=...)`), gradients are reduced in fp32.
-Kept in bf16, a 1e-6 update of a weight near 1 rounds away (bf16 has 8 mantissa bits: its step
-at 1.0 is 2^-7). Published weights and HF exports are cast to `model.dtype`; checkpoints keep
-the fp32 masters, so a resumed run continues bit for bit (docs/architecture.md, "Precision").
+The model is wrapped with FSDP2 `fully_shard` per transformer block, then the root (not on a
+lone fp32 rank: nothing to shard). Mixed precision follows `model.dtype`, on any device: the
+parameters FSDP shards -- the optimizer's master weights, and AdamW's moments with them -- are
+always fp32; forward and backward run in `model.dtype` (FSDP2's
+`MixedPrecisionPolicy(param_dtype=...)`), gradients are reduced in fp32. Kept in bf16, a 1e-6
+update of a weight near 1 rounds away (bf16 has 8 mantissa bits: its step at 1.0 is 2^-7).
+Published weights and HF exports are cast to `model.dtype`; checkpoints keep the fp32 masters,
+so a resumed run continues bit for bit (docs/architecture.md, "Precision").
 
 A step whose global loss or gradient norm is not finite changes nothing: the gradients are
 dropped, the optimizer, schedule and version stay, and the step's stats say `skipped:
@@ -116,10 +116,10 @@ class LearnerConfig(BaseModel):
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     compile: bool = False
-    """torch.compile the model's forward and backward (in place: names and checkpoints unchanged).
-    The first steps compile (~40 s on 2 cores for tiny:mini, once more when shapes first vary);
-    after that a tiny model's CPU update runs ~1.4x faster alone on its rank (FSDP2 splits the
-    graph per block when the rank shards; benchmarks/learner_overhead.py measures both)."""
+    """torch.compile the model's forward and backward (in place: names, checkpoints and exports
+    unchanged; per block inside FSDP2's hooks on a sharding rank). The first steps compile (tiny:mini
+    on 2 cores: ~2 minutes cold, ~40 s from inductor's disk cache), then its updates run 1.55x as
+    fast (benchmarks/learner_overhead.py, docs/architecture.md "Precision")."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass: less memory for
     long packed sequences at real shapes, about one more forward pass of compute."""
@@ -352,8 +352,8 @@ class Trainer:
             # Non-reentrant checkpointing composes with FSDP2's per-block all-gathers.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_token_id = self.model.config.pad_token_id or 0
-        # One fp32 rank has nothing to shard, reduce or cast: FSDP2's hooks would cost a tiny
-        # model's CPU update ~10% and split a compiled graph at every block. Mixed precision is
+        # One fp32 rank has nothing to shard, reduce or cast, and FSDP2's hooks would split a
+        # compiled graph at every block (docs/architecture.md, "Precision"). Mixed precision is
         # FSDP2's policy, so a bf16 rank shards even alone.
         self.sharded = self.world_size > 1 or self.compute_dtype != torch.float32
         if self.sharded:

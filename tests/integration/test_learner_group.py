@@ -1,4 +1,4 @@
-"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume, a hung rank."""
+"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume (2 ranks into 1 too), a hung rank."""
 
 import os
 import signal
@@ -57,6 +57,12 @@ def test_two_ranks_match_one_rank_and_resume(ray_session, tmp_path):
     for group in (one, two):  # free their CPUs: the resumed group needs them
         for r in group.ranks:
             ray.kill(r)
+    # The sharded checkpoint into one rank, which does not shard (a lone fp32 rank): DCP reshards.
+    alone = LearnerGroup(1, cfg, NANO, num_cpus=0.5)
+    assert alone.load(path) == {"retired": True} and alone.version() == 1
+    assert alone.train(batch)["loss"] == pytest.approx(expected, abs=1e-6)
+    for r in alone.ranks:
+        ray.kill(r)
     resumed = LearnerGroup(2, cfg, NANO, num_cpus=0.5)
     assert resumed.load(path) == {"retired": True} and resumed.version() == 1
     assert resumed.train(batch)["loss"] == pytest.approx(expected, abs=1e-6)

@@ -88,6 +88,19 @@ def assert_same_first_step(a: Trainer, b: Trainer) -> None:
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
 
 
+def test_a_compiled_model_takes_the_same_step_under_the_same_names(trajectories, tmp_path):
+    eager = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3), NANO)
+    compiled = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3, compile=True), NANO)
+    seqs = sequences(trajectories)
+    se, sc = eager.train_step(seqs), compiled.train_step(seqs)
+    assert sc["loss"] == pytest.approx(se["loss"], abs=1e-5)
+    assert sc["grad_norm"] == pytest.approx(se["grad_norm"], rel=1e-4)
+    assert_same_first_step(eager, compiled)  # same names: what the engines and exports load
+    restored = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3), NANO)
+    restored.load_checkpoint(compiled.save_checkpoint(tmp_path / "ckpt"))  # a compiled run's checkpoint resumes eager
+    assert_same_first_step(compiled, restored)
+
+
 def test_packed_and_expanded_batches_give_the_same_step(trajectories):
     a = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3), NANO)
     b = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3, packing=False), NANO)
@@ -324,6 +337,23 @@ def test_a_bf16_policy_keeps_fp32_masters_so_a_1e6_update_is_not_rounded_away(tr
     published = trainer.full_state_dict()
     assert {v.dtype for v in published.values()} == {torch.bfloat16}
     assert torch.equal(published[norm], after[norm].to(torch.bfloat16))
+
+
+def test_a_sharding_rank_compiles_per_block_and_takes_the_eager_step(trajectories):
+    # bf16 shards even alone (FSDP2's mixed-precision policy), so the blocks compile inside its hooks.
+    eager = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3), NANO_BF16)
+    compiled = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3, compile=True), NANO_BF16)
+    assert eager.sharded and compiled.sharded
+    start, seqs = full_weights(eager), sequences(trajectories)
+    se, sc = eager.train_step(seqs), compiled.train_step(seqs)
+    assert sc["loss"] == pytest.approx(se["loss"], rel=1e-2)  # bf16 kernels, fused or not, round apart
+    we, wc = full_weights(eager), full_weights(compiled)
+    assert we.keys() == wc.keys() == start.keys()
+    # Adam's first step moves a weight by ~lr in its gradient's sign: the same signs, bar the
+    # near-zero gradients that rounding flips.
+    moved_e = torch.cat([(we[k] - start[k]).sign().flatten() for k in start])
+    moved_c = torch.cat([(wc[k] - start[k]).sign().flatten() for k in start])
+    assert (moved_e != 0).float().mean() > 0.5 and (moved_e == moved_c).float().mean() > 0.9
 
 
 def test_bf16_weights_publish_as_their_own_bytes_and_load_back_equal(trajectories):
