@@ -223,7 +223,13 @@ def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
     t=0; with `with_topk` also the log-probs of the teacher's top-k ids at each position [N, T, k]
     (None when the batch has no teacher top-k)."""
     device = next(model.parameters()).device
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+    input_ids, attention_mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+    # The rows' count unbacked: one compiled graph serves every micro-batch (learner.compile; no
+    # effect eager). Backed, a batch of one and a batch past 1,024 tokens each compiled a graph of
+    # their own, ~30-40 s apiece on 2 cores (docs/architecture.md, "Precision").
+    for t in (input_ids, attention_mask):
+        torch._dynamo.decorators.mark_unbacked(t, 0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     logp = logp_all.gather(-1, batch.input_ids[:, 1:, None].to(device)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach()

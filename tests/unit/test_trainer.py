@@ -101,6 +101,19 @@ def test_a_compiled_model_takes_the_same_step_under_the_same_names(trajectories,
     assert_same_first_step(compiled, restored)
 
 
+def test_one_compiled_graph_serves_a_batch_of_one_and_a_long_batch(trajectories):
+    # Backed row counts recompiled for a batch of one (0/1 specialization) and past 1,024 tokens
+    # (an inductor size guard): each ~30-40 s of the hour's 2 cores.
+    compiled = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="sft"), lr=1e-3, compile=True), NANO)
+    seqs = sequences(trajectories, packing=False)
+    long = micro_batches(seqs, 4096)[0]
+    assert len(long) > 1 and len(long) * max(s.num_tokens for s in long) > 1024
+    compiled.train_step(seqs[:2])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert compiled.train_step(seqs[:1])["num_loss_tokens"] > 0
+        assert compiled.train_step(long)["num_loss_tokens"] > 0
+
+
 def test_packed_and_expanded_batches_give_the_same_step(trajectories):
     a = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3), NANO)
     b = Trainer(LearnerConfig(algorithm=AlgorithmConfig(name="grpo"), lr=1e-3, packing=False), NANO)
