@@ -15,7 +15,9 @@ one hour), measured from this script's start:
    warm start's demonstrations and past batches beside the fresh one (`aggregate`,
    docs/babyai_text.md, "The aggregate in the job"). Defaults: F = 1 (cloning alone, ending early
    when its evaluation reaches the stage's target, `run.target_eval_success`), and F = 0.02 for
-   `mixed` (a minute of cloning, then DAgger for the rest of the hour: 0.20 on eval50 where cloning
+   `mixed` (its minute goes to collecting the bot's 8,192 demonstrations, ~100 s, which leaves no
+   SFT step: the aggregate's demonstrations beside every batch are the cloning on this level; then
+   DAgger for the rest of the hour: 0.20 on eval50 where cloning
    every stage of the four had reached 0.14 and 0.14, 0.22 with the learner compiled;
    docs/babyai_text.md, "The job's hour in the probe's shape", "A compiled learner"). A stage may
    use its share of the budget at most; the last stage gets whatever is left;
@@ -63,7 +65,8 @@ FINAL_EVAL_S = 90.0
 JOB_START_S = 60.0
 """A job's start before its wall clock (run.max_wall_s) begins: imports, Ray, actors, engine."""
 DEFAULT_SFT_SHARE = "mixed=0.02"
-"""The study's level: a minute of cloning, then the config's DAgger (a given `--sft-share` wins)."""
+"""The study's level: the warm start's minute collects the demonstrations (no SFT step fits), then
+the config's DAgger (a given `--sft-share` wins)."""
 FILL_EPOCHS = 50
 """Passes over a stage's demonstrations at most: enough that its time, not its data, ends its SFT."""
 STAGE_END_S = 60.0

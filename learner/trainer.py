@@ -117,9 +117,9 @@ class LearnerConfig(BaseModel):
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     compile: bool = False
     """torch.compile the model's forward and backward (in place: names, checkpoints and exports
-    unchanged; per block inside FSDP2's hooks on a sharding rank). The first steps compile (tiny:mini
-    on 2 cores: ~2 minutes cold, ~40 s from inductor's disk cache), then its updates run 1.55x as
-    fast (benchmarks/learner_overhead.py, docs/architecture.md "Precision")."""
+    unchanged; per block inside FSDP2's hooks on a sharding rank). The first step compiles one graph
+    for every micro-batch shape (tiny:mini on 2 cores: ~1 minute cold), then its updates run 1.5-1.75x
+    as fast (benchmarks/learner_overhead.py, docs/architecture.md "Precision")."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass: less memory for
     long packed sequences at real shapes, about one more forward pass of compute."""
