@@ -363,6 +363,9 @@ class TrainingRun:
         bar.close()
         self.warm_steps = self.version
         if not rows:
+            if sft_s is not None and sft_s <= 0:
+                print(f"warm start: no SFT step: collecting the demonstrations took {sft_start - start:.0f} s "
+                      f"of warm_start.max_wall_s={ws.max_wall_s:.0f}", flush=True)
             return
         print(f"warm start: {len(rows)}/{total} SFT steps, loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}",
               flush=True)
