@@ -17,10 +17,10 @@ one hour), measured from this script's start:
    when its evaluation reaches the stage's target, `run.target_eval_success`), and F = 0.02 for
    `mixed` (its minute goes to collecting the bot's 8,192 demonstrations, ~100 s, which leaves no
    SFT step: the aggregate's demonstrations beside every batch are the cloning on this level; then
-   DAgger for the rest of the hour: 0.20 on eval50 where cloning
-   every stage of the four had reached 0.14 and 0.14, 0.22 and 0.26 with the learner compiled;
-   docs/babyai_text.md, "The job's hour in the probe's shape", "A compiled learner"). A stage may
-   use its share of the budget at most; the last stage gets whatever is left;
+   DAgger for the rest of the hour: 0.20 on eval50 where cloning every stage of the four had
+   reached 0.14 and 0.14, 0.22 and 0.26 with the learner compiled; docs/babyai_text.md, "The job's
+   hour in the probe's shape", "A compiled learner"). A stage may use its share of the budget at
+   most; the last stage gets whatever is left;
 2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
    20 turns, greedy): inside the budget;
 3. outside the budget, the floor and the ceiling on the same tasks: `policy=random` (a random

@@ -231,7 +231,7 @@ def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
         torch._dynamo.decorators.mark_unbacked(t, 0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logp = logp_all.gather(-1, batch.input_ids[:, 1:, None].to(device)).squeeze(-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
     zero = torch.zeros_like(logp[:, :1])
     out = torch.cat([zero, logp], dim=1).cpu(), torch.cat([zero, entropy], dim=1).cpu()

@@ -1,4 +1,5 @@
-"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume (2 ranks into 1 too), a hung rank."""
+"""Learner ranks as Ray actors: 2 ranks match 1 rank, publish to rollout, checkpoint resume (2 ranks
+into 1 too), a hung rank."""
 
 import os
 import signal
