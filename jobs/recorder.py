@@ -197,7 +197,8 @@ class StepRecorder:
             wall_s=timing["wall"], buffer_occupancy=buffer["occupancy"], buffer_resident=int(buffer["num_resident"]),
             num_rollout_workers=len(worker_stats), nonfinite_steps=self.nonfinite_steps,
             empty_batches=self.empty_batches, buffer_lost=self.buffer_lost, job_recoveries=self.recoveries,
-            gauges=gauges, teacher_stopped=teacher_stopped, **totals, **self._judge_counts(actors["judge"], previous))
+            gauges=gauges, teacher_stopped=teacher_stopped, lr=stats["lr"], **totals,
+            **self._judge_counts(actors["judge"], previous))
         self._export(record, counts, buffer_delta, failed_runs, teacher_restarts, teachers)
         return record
 

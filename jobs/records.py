@@ -185,6 +185,8 @@ class StepRecord:
     agent_failures: int | None = None
     """Episodes so far whose agent program failed (env.name=gateway: it crashed, exited without a
     reward or timed out; each ends as a failed episode); None in records written before."""
+    lr: float | None = None
+    """The rate the step's updates took (learner.schedule; None in records written before)."""
 
 
 def last_and_best_eval(records: list[StepRecord]) -> tuple[StepRecord, StepRecord] | None:
@@ -233,7 +235,7 @@ STEP_SCHEMA = pa.schema([
     ("eval_success", pa.float64()), ("eval_success_by_type", pa.map_(pa.string(), pa.float64())),
     ("buffer_lost", pa.int64()), ("job_recoveries", pa.int64()), ("reverse_kl_episode", pa.float64()),
     ("ratio_mean", pa.float64()), ("ratio_max", pa.float64()), ("masked_frac", pa.float64()),
-    ("truncated_frac", pa.float64()), ("agent_failures", pa.int64()),
+    ("truncated_frac", pa.float64()), ("agent_failures", pa.int64()), ("lr", pa.float64()),
 ])
 """Arrow schema of metrics.parquet; one row per StepRecord, same field names and order."""
 

@@ -17,7 +17,7 @@ import numpy as np
 from jobs.records import StepRecord
 
 SECTIONS: dict[str, str] = {
-    "loss": "learner", "grad_norm": "learner", "entropy": "learner", "clip_frac": "learner",
+    "loss": "learner", "grad_norm": "learner", "lr": "learner", "entropy": "learner", "clip_frac": "learner",
     "mismatch_kl": "mismatch", "ratio_mean": "mismatch", "ratio_max": "mismatch", "masked_frac": "mismatch",
     "truncated_frac": "mismatch", "num_samples": "learner", "num_past_samples": "learner", "num_loss_tokens": "learner", "max_staleness": "learner",
     "mean_staleness": "learner", "learner_step_s": "time", "learner_idle_s": "time", "weight_sync_s": "time",

@@ -242,6 +242,10 @@ class JobConfig(BaseModel):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
         self.aggregate.check(algorithm, self.warm_start.num_episodes, ALGORITHMS[algorithm.name].behaviour_free(algorithm))
+        if self.learner.schedule_end == "wall_clock" and (self.learner.schedule != "cosine" or self.run.max_wall_s is None):
+            raise ValueError(f"learner.schedule_end=wall_clock ends the cosine with the run's wall clock: it needs "
+                             f"learner.schedule=cosine (got {self.learner.schedule}) and run.max_wall_s (got "
+                             f"{self.run.max_wall_s})")
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
@@ -719,7 +723,7 @@ def run_job(config: JobConfig, resume: bool = False, finish: Callable[[TrainingR
     def should_stop() -> bool:
         return stop.requested or (deadline is not None and time.monotonic() > deadline)
 
-    return _train(config, resume, finish, should_stop)
+    return _train(config, resume, finish, should_stop, deadline)
 
 
 def _join_cluster(config: JobConfig, resume: bool, allow_change: tuple[str, ...], overwrite: bool,
@@ -787,14 +791,15 @@ def end_summary(run: TrainingRun, wall_s: float, report: Path | None) -> list[st
 
 
 def _train(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
-           should_stop: Callable[[], bool]) -> int:
+           should_stop: Callable[[], bool], deadline: float | None) -> int:
     """The run, rebuilt from its newest checkpoint after each failure it can recover from, up to
-    run.max_failures times, then its report and summary; the exit status."""
+    run.max_failures times, then its report and summary; the exit status. `deadline`: the
+    time.monotonic() run.max_wall_s ends at, or None."""
     start = time.monotonic()
     logs = open_logs(config)
     try:
         with filtered_worker_logs(Path(config.run.dir), config.run.log_level):
-            return _recovering(config, resume, finish, should_stop, logs, start)
+            return _recovering(config, resume, finish, should_stop, deadline, logs, start)
     finally:
         for log in logs:
             log.close()
@@ -816,7 +821,7 @@ def open_logs(config: JobConfig) -> list[RunLog]:
 
 
 def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun], None] | None,
-                should_stop: Callable[[], bool], logs: list[RunLog], start: float) -> int:
+                should_stop: Callable[[], bool], deadline: float | None, logs: list[RunLog], start: float) -> int:
     import ray
 
     from jobs.recorder import NoLearningSignal, NonFiniteTraining
@@ -829,7 +834,7 @@ def _recovering(config: JobConfig, resume: bool, finish: Callable[[TrainingRun],
         recovering = False
         try:
             run.start(should_stop)
-            run.loop(should_stop)
+            run.loop(should_stop, deadline)
             if finish is not None:
                 finish(run)
             break

@@ -149,6 +149,16 @@ class RunStalled(RuntimeError):
     """No sample reached the learner for run.stall_timeout_s."""
 
 
+def clock_share(before: float, loop_start: float, deadline: float | None, now: float) -> float:
+    """The share of the main loop's wall clock spent at `now` (learner.schedule_end): `before`,
+    what the runs this one continues (a resume, a recovery) had spent, then this run's share of the
+    rest, from its loop's start to run.max_wall_s's `deadline` (None: no clock, `before` stays)."""
+    if deadline is None:
+        return before
+    left = max(0.0, deadline - now) / max(deadline - loop_start, 1e-9)
+    return 1 - (1 - before) * min(1.0, left)
+
+
 class TrainingRun:
     """Builds the actors of a JobConfig, runs learner steps, records metrics and checkpoints."""
 
@@ -201,6 +211,8 @@ class TrainingRun:
         self.version = 0
         self.warm_steps = 0
         """Learner versions spent on the warm start (run.steps counts the versions after it)."""
+        self.clock = 0.0
+        """The share of the main loop's wall clock spent at the last step (`loop`), kept by checkpoints."""
         self.target_reached = False
         """An evaluation reached run.target_eval_success: the loop ends."""
         self.aggregate = None
@@ -306,6 +318,7 @@ class TrainingRun:
         extra = self.learner.load(str(path))
         self.version = self.learner.version()
         self.warm_steps = int(extra.get("warm_start_steps", 0))
+        self.clock = float(extra.get("clock", 0.0))
         metrics = self.dir / "metrics.parquet"
         kept = [r for r in read_records(metrics) if r.version <= self.version] if metrics.exists() else []
         self.recorder.restore(kept)
@@ -422,10 +435,12 @@ class TrainingRun:
                 "num_loss_tokens": stats["num_loss_tokens"], "learner_step_s": stats["step_s"],
                 "eval_success": None, "eval_success_by_type": None}
 
-    def loop(self, should_stop: Callable[[], bool]) -> None:
+    def loop(self, should_stop: Callable[[], bool], deadline: float | None = None) -> None:
+        """Learner steps until run.steps, a stop, or run.max_wall_s's `deadline` (time.monotonic())."""
         import ray
 
         run = self.config.run
+        loop_start, clock_before = time.monotonic(), self.clock
         B = self.config.buffer.batch_size
         last = time.perf_counter()
         last_sample = time.monotonic()
@@ -445,8 +460,9 @@ class TrainingRun:
                 if batch.num_samples == 0:
                     continue
             past = self.aggregate.draw() if self.aggregate is not None else None
+            self.clock = clock_share(clock_before, loop_start, deadline, time.monotonic())
             stats = self.learner.train(batch if past is None else batch + past,
-                                       self.loss_config(self.version - self.warm_steps))
+                                       self.loss_config(self.version - self.warm_steps), clock=self.clock)
             if stats["skipped"]:
                 self.recorder.skipped(stats, self.version, self.config.run.max_nonfinite_steps)
                 continue
@@ -660,7 +676,7 @@ class TrainingRun:
 
     def checkpoint(self) -> Path:
         name = f"step_{self.version:06d}"
-        extra = {"version": self.version, "warm_start_steps": self.warm_steps}
+        extra = {"version": self.version, "warm_start_steps": self.warm_steps, "clock": self.clock}
         if self.schedule is not None:
             extra["schedule"] = self.schedule.state_dict()
         path = self.learner.save(str(self.dir / "checkpoints" / name), extra=extra)

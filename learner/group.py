@@ -123,10 +123,10 @@ class LearnerRank:
         return f"LearnerRank({self.name})"
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
-              lr: float | None = None, num_minibatches: int | None = None) -> dict[str, float]:
+              lr: float | None = None, num_minibatches: int | None = None, clock: float = 0.0) -> dict[str, float]:
         t = self.trainer
         samples = shard_by_episode(table_to_samples(fetch_samples(batch)), t.rank, t.world_size)
-        stats = t.train_step(to_sequences(samples, packing=t.config.packing), algorithm, lr, num_minibatches)
+        stats = t.train_step(to_sequences(samples, packing=t.config.packing), algorithm, lr, num_minibatches, clock)
         self.metrics.set("learner_version", stats["version"])
         self.metrics.set("learner_step_seconds", stats["step_s"])
         self.metrics.set("opd_reverse_kl", stats["reverse_kl"])
@@ -226,9 +226,9 @@ class LearnerGroup:
         return ray.get(refs)
 
     def train(self, batch: SampleBatch, algorithm: AlgorithmConfig | None = None,
-              lr: float | None = None, num_minibatches: int | None = None) -> dict[str, float]:
+              lr: float | None = None, num_minibatches: int | None = None, clock: float = 0.0) -> dict[str, float]:
         """Trainer.train_step on every rank's shard of `batch`; rank 0's stats (global)."""
-        return self._all("train", batch, algorithm, lr, num_minibatches)[0]
+        return self._all("train", batch, algorithm, lr, num_minibatches, clock)[0]
 
     def publish(self):
         """ObjectRef of the full state dict (rank 0's), ready for RolloutPool.publish_weights;

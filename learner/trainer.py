@@ -93,6 +93,10 @@ class LearnerConfig(BaseModel):
     schedule: Literal["constant", "cosine"] = "constant"
     total_steps: int = Field(default=1000, ge=1)
     """Cosine schedule length."""
+    schedule_end: Literal["total_steps", "wall_clock"] = "total_steps"
+    """What ends the cosine: `total_steps`, or `wall_clock`: whichever comes first of them and the
+    main loop's share of run.max_wall_s, so that a run given an hour ends at the rate's end however
+    many steps the machine made of it (the warm start's cosine ends with warm_start.max_wall_s alike)."""
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per learner step of the main loop (PPO's minibatches): the batch is dealt at
     random into this many parts, each its own step at the step's rate; the version (staleness,
@@ -133,12 +137,16 @@ class LearnerConfig(BaseModel):
         return self
 
 
-def lr_factor(step: int, config: LearnerConfig) -> float:
+def lr_factor(step: int, config: LearnerConfig, clock: float = 0.0) -> float:
+    """The rate's factor at scheduled step `step`; `clock` in [0, 1]: the share of the loop's wall
+    clock spent, which ends the cosine when it is ahead of the steps (`schedule_end: wall_clock`)."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     if config.schedule == "constant":
         return 1.0
     progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
+    if config.schedule_end == "wall_clock":
+        progress = max(progress, min(1.0, clock))
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -388,12 +396,14 @@ class Trainer:
         return t.item()
 
     def train_step(self, sequences: list[TrainSequence], algorithm: AlgorithmConfig | None = None,
-                   lr: float | None = None, num_minibatches: int | None = None) -> dict[str, float]:
+                   lr: float | None = None, num_minibatches: int | None = None,
+                   clock: float = 0.0) -> dict[str, float]:
         """One learner step on this rank's shard of the global batch; returns global stats.
 
         `algorithm` and `lr` override the configured loss and the schedule's rate for this step
         (a step at its own rate leaves the schedule where it was); `num_minibatches` the config's
-        optimizer steps per learner step. The step moves the version by one, however many
+        optimizer steps per learner step; `clock` the share of the loop's wall clock spent
+        (`lr_factor`). The step moves the version by one, however many
         optimizer steps it takes: a version is what the buffer's staleness and the published
         weights count.
         """
@@ -402,7 +412,7 @@ class Trainer:
         # The rate from this run's config at the schedule's position: the base rate a checkpoint's
         # scheduler state carries would override a resume's changed learner.lr (--allow-change).
         scheduled = lr is None
-        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config) if scheduled else lr
+        lr = self.config.lr * lr_factor(self.scheduler.last_epoch, self.config, clock) if scheduled else lr
         sums = StepSums(int(self._all_max(max((max(s.turn_index) + 1 for s in sequences), default=0))))
         num_units, grad_norms, applied = 0.0, [], 0
         for part in minibatches(sequences, num_minibatches or self.config.num_minibatches,

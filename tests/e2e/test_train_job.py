@@ -434,10 +434,14 @@ def stop_head(head: subprocess.Popen, gcs: int) -> None:
 def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
     """`--resume` of the submitted run, 2 more steps with its report: totals continue and the
     W&B run too. On the HF engine (`--allow-change`): the submitted run was vLLM's, and an
-    engine core costs ~20 s of the two cores for what the resume does not test."""
+    engine core costs ~20 s of the two cores for what the resume does not test. With the rate's
+    cosine ended by the wall clock (learner.schedule_end): the resumed steps' rates fall with
+    the resumed run's clock, where its 100,000 steps alone would leave them at the peak."""
     final = warm + 4
     resumed = subprocess.run([sys.executable, "-m", "jobs.train", "--resume", str(run_dir), "--allow-change",
-                              "rollout.engine", "run.steps=6", *HF_ENGINE, "run.report=true",
+                              "rollout.engine,learner.schedule,learner.schedule_end,learner.total_steps",
+                              "run.steps=6", *HF_ENGINE, "run.report=true", "learner.schedule=cosine",
+                              "learner.schedule_end=wall_clock", "learner.total_steps=100000", "run.max_wall_s=280",
                               f"run.metrics_port={free_port()}"], cwd=ROOT, env=job_env(),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -451,6 +455,10 @@ def resume_on_an_embedded_node(run_dir: Path, warm: int) -> None:
     assert all(a["episodes"] <= b["episodes"] and a["buffer_put"] <= b["buffer_put"] for a, b in zip(table, table[1:]))
     assert all(0 <= r["train_success_rate"] <= 1 for r in table if r["train_success_rate"] is not None)
     assert [r["num_past_samples"] for r in table] == [2] * 6  # the demonstrations made again on the resume
+    # The submitted run's constant rate, then the cosine at the resumed run's clock: by steps
+    # (5 and 6 of 100,000) it would be 1 - 1e-8 of the peak; seconds of a 280 s clock take more.
+    peak, rates = table[0]["lr"], [r["lr"] for r in table]
+    assert rates[:4] == [peak] * 4 and peak * (1 - 1e-6) > rates[4] > rates[5] > 0, rates
     # The job reports itself at its end: every figure, the table with the warm start's eval, and
     # a summary naming them as its last lines.
     assert all((run_dir / f"{name}.png").stat().st_size > 5000 for name in FIGURES)

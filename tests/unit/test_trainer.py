@@ -230,6 +230,36 @@ def test_schedule_and_sharding_helpers(trajectories):
     assert trainer.train_step(sequences(trajectories))["skipped"] is None
 
 
+def test_the_cosine_ends_with_the_wall_clock_or_its_steps_whichever_comes_first():
+    by_steps = LearnerConfig(warmup_steps=4, schedule="cosine", total_steps=14)
+    by_clock = by_steps.model_copy(update={"schedule_end": "wall_clock"})
+    # Half the loop's clock spent at step 5 (1 of 10 scheduled steps): the clock leads.
+    assert lr_factor(5, by_steps, clock=0.5) == lr_factor(5, by_steps) > 0.9
+    assert lr_factor(5, by_clock, clock=0.5) == pytest.approx(0.5)
+    assert lr_factor(5, by_clock, clock=1.0) == pytest.approx(0.0)
+    # The steps lead, or the warmup has not ended: the clock changes nothing.
+    assert lr_factor(12, by_clock, clock=0.1) == pytest.approx(lr_factor(12, by_steps))
+    assert lr_factor(14, by_clock, clock=0.1) == pytest.approx(0.0)
+    assert lr_factor(2, by_clock, clock=0.9) == lr_factor(2, by_steps) == 0.75
+    with pytest.raises(ValueError, match="learner.schedule_end=wall_clock .* run.max_wall_s"):
+        from jobs.config import load_config
+        from jobs.train import JobConfig
+
+        load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", ["learner.schedule=cosine",
+                                                                    "learner.schedule_end=wall_clock"])
+
+
+def test_the_loop_clock_carries_what_a_resumed_run_spent_over_the_new_runs_clock():
+    from jobs.training import clock_share
+
+    # A fresh run with 100 s to its deadline: 0 at its start, the share spent, 1 at and past it.
+    assert [clock_share(0.0, 1000.0, 1100.0, t) for t in (1000.0, 1025.0, 1100.0, 1200.0)] == [0.0, 0.25, 1.0, 1.0]
+    # Resumed with 0.6 spent: the rest (0.4) spread over the new run's clock, no jump at its start.
+    assert clock_share(0.6, 50.0, 150.0, 50.0) == pytest.approx(0.6)
+    assert clock_share(0.6, 50.0, 150.0, 100.0) == pytest.approx(0.8)
+    assert clock_share(0.6, 50.0, None, 100.0) == 0.6  # no run.max_wall_s: the clock does not move
+
+
 def test_a_step_may_override_the_loss_and_the_rate(trajectories):
     trainer = Trainer(LearnerConfig(lr=1e-3, warmup_steps=2), NANO)
     sft = trainer.train_step(sequences(trajectories), AlgorithmConfig(name="sft"), lr=0.02)
