@@ -53,6 +53,22 @@ def test_window_keeps_the_last_turns_and_says_how_many_are_hidden():
     assert len(zero) == 2 and zero[1]["content"] == f"Your task: {reset.task}\n\nWhat you see:\n{history[-1].observation}"
 
 
+def test_the_last_action_is_named_when_no_past_turn_is_shown():
+    env = BabyAITextEnv()
+    reset, history = expert_history(env, 11, 3, bad_turns=(1,))
+    cfg = PromptConfig(history_window=0, last_action=True)
+
+    def user(turns):
+        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, turns)[-1]["content"]
+
+    assert user([]) == f"Your task: {reset.task}\n\nWhat you see:\n{reset.observation}"
+    assert user(history[:1]) == (f"Your task: {reset.task}\nYour last action: {history[0].call.name}\n\n"
+                                 f"What you see:\n{history[0].observation}")
+    assert "Your last action: none\n" in user(history[:2])  # the malformed turn did not act
+    with pytest.raises(ValueError, match="last_action .* history_window=2 .* set history_window: 0"):
+        PromptConfig(history_window=2, last_action=True)
+
+
 def test_malformed_turns_keep_raw_text_and_name_the_error():
     env = BabyAITextEnv()
     reset, history = expert_history(env, 11, 3, bad_turns=(1,))
