@@ -27,7 +27,9 @@ one hour), measured from this script's start:
    tool every turn) and `policy=expert` (the bot).
 
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
-object choice, interaction, sequencing; envs/babyai_text/diagnosis.py) and the tools it called.
+object choice, interaction, sequencing; envs/babyai_text/diagnosis.py), the tools it called, and
+its failed episodes that ended in a cycle (`cycled`: a view and its answer repeating to the end,
+jobs.evaluate.cycle_period; the greedy policy cannot leave it).
 
     python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
         [--stages starter,mixed] [--sft-share [STAGE=]F ...] [--set KEY=VALUE ...]
@@ -199,10 +201,10 @@ def main() -> None:
     wall = time.monotonic() - start
     random = evaluate(job, job.model.path, "random", out / "eval_random", 50)
     expert = evaluate(job, job.model.path, "expert", out / "eval_expert", 50)
-    print(f"{'task type':<22}{'random':>8}{'expert':>8}{'final':>8}  final's failures; its tool calls")
+    print(f"{'task type':<22}{'random':>8}{'expert':>8}{'final':>8}{'cycled':>8}  final's failures; its tool calls")
     for name in final:
         print(f"{name:<22}" + "".join(f"{s.get(name, {}).get('success_rate', 0):>8.3f}"
-                                      for s in (random, expert, final))
+                                      for s in (random, expert, final)) + f"{final[name]['num_cycled']:>8}"
               + f"  {counts(final[name].get('failure_modes', {}))}; {counts(final[name].get('tool_calls', {}))}")
     by_type = ",".join(f"{name}:{s['success_rate']:.2f}" for name, s in final.items() if name != "overall")
     (out / "mixed_hour.json").write_text(json.dumps({"wall_s": wall, "final": final, "random": random,
@@ -210,7 +212,8 @@ def main() -> None:
     print(f"RESULT eval50_success={final['overall']['success_rate']:.3f} eval50_by_type={by_type} "
           f"wall_s={wall:.0f} random={random['overall']['success_rate']:.3f} "
           f"expert={expert['overall']['success_rate']:.3f} "
-          f"eval50_failures={counts(final['overall'].get('failure_modes', {})).replace(' ', ',') or '-'}")
+          f"eval50_failures={counts(final['overall'].get('failure_modes', {})).replace(' ', ',') or '-'} "
+          f"eval50_cycled={final['overall']['num_cycled']}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,24 @@ def executed_calls(result: EpisodeResult) -> list[ToolCall | None]:
             for t in turns if t.stage == "action"]
 
 
+def cycle_period(result: EpisodeResult) -> int | None:
+    """The period (in action turns) of the cycle a failed episode ended in, or None: from the first
+    turn whose prompt and response repeat an earlier turn's, every turn to the end repeats the turn
+    one period before it. A greedy policy whose prompt shows only the current view (history_window
+    0) then repeats itself for ever (turn left, turn right, ...; docs/babyai_text.md, "Greedy
+    cycles"). None also for a success or an episode without a token-level record."""
+    if result.success or result.trajectory is None:
+        return None
+    keys = [(t.prompt_ids, t.response_ids) for t in result.trajectory.turns if t.stage == "action"]
+    last_seen: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        if key in last_seen:
+            period = i - last_seen[key]
+            return period if all(keys[k] == keys[k - period] for k in range(i, len(keys))) else None
+        last_seen[key] = i
+    return None
+
+
 def failure_modes(env: TextEnv, results: list[EpisodeResult]) -> list[str | None]:
     """Each failed episode's failure mode, from an environment that can tell
     (`env.failure_mode(split, seed, executed_calls)`, e.g. BabyAI-Text's); None for a success, an
@@ -94,8 +112,9 @@ def failure_modes(env: TextEnv, results: list[EpisodeResult]) -> list[str | None
 
 def summarize(results: list[EpisodeResult], modes: list[str | None] | None = None) -> dict[str, dict]:
     """Per task type and overall: episodes, success rate, mean turns, format error rate, the
-    executed tool calls by name (model policies), and, where `modes` diagnosed some failures,
-    their count per failure mode."""
+    executed tool calls by name (model policies), failed episodes that ended in a cycle
+    (`cycle_period`; model policies), and, where `modes` diagnosed some failures, their count per
+    failure mode."""
     modes = modes or [None] * len(results)
     groups: dict[str, list[tuple[EpisodeResult, str | None]]] = defaultdict(list)
     for r, mode in zip(results, modes, strict=True):
@@ -112,6 +131,8 @@ def summarize(results: list[EpisodeResult], modes: list[str | None] | None = Non
             "mean_turns": turns / len(rs),
             "format_error_rate": sum(r.num_format_errors for r in rs) / max(turns, 1),
         }
+        if any(r.trajectory is not None for r in results):
+            summary[name]["num_cycled"] = sum(cycle_period(r) is not None for r in rs)
         if any(modes):
             summary[name]["failure_modes"] = dict(sorted(Counter(m for _, m in rows if m is not None).items()))
         calls = Counter(call.name if call else "(none)" for r in rs for call in executed_calls(r))
@@ -123,11 +144,12 @@ def summarize(results: list[EpisodeResult], modes: list[str | None] | None = Non
 
 def format_table(summary: dict[str, dict]) -> str:
     width = max(22, *(len(name) + 2 for name in summary))
-    lines = [f"{'task type':<{width}}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}  failures"]
+    lines = [f"{'task type':<{width}}{'episodes':>9}{'success':>9}{'turns':>8}{'fmt err':>9}{'cycled':>8}  failures"]
     for name, s in summary.items():
         failures = " ".join(f"{mode}:{n}" for mode, n in s.get("failure_modes", {}).items())
         lines.append(f"{name:<{width}}{s['num_episodes']:>9}{s['success_rate']:>9.3f}"
-                     f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}  {failures}".rstrip())
+                     f"{s['mean_turns']:>8.1f}{s['format_error_rate']:>9.3f}{s.get('num_cycled', '-'):>8}"
+                     f"  {failures}".rstrip())
     return "\n".join(lines)
 
 
@@ -148,6 +170,7 @@ def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], modes: l
         "num_turns": pa.array([r.num_turns for r in results], pa.int32()),
         "num_format_errors": pa.array([r.num_format_errors for r in results], pa.int32()),
         "failure_mode": pa.array(modes, pa.string()),
+        "cycle_period": pa.array([cycle_period(r) for r in results], pa.int32()),
     })
     pq.write_table(table, out / "episodes.parquet")
     return out

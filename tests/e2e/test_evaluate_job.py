@@ -42,6 +42,9 @@ def test_zero_shot_model_evaluation(tmp_path):
     assert sum(overall["failure_modes"].values()) == sum(not e["success"] for e in episodes)
     assert sum(overall["tool_calls"].values()) == sum(e["num_turns"] for e in episodes)
     assert overall["tool_calls"].get("(none)", 0) == sum(e["num_format_errors"] for e in episodes)
+    # Failed episodes that ended in a cycle (jobs.evaluate.cycle_period), counted as the table says.
+    assert all(e["cycle_period"] is None for e in episodes if e["success"])
+    assert overall["num_cycled"] == sum(e["cycle_period"] is not None for e in episodes)
 
 
 def test_expert_evaluation_succeeds_everywhere(tmp_path):

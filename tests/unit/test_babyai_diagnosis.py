@@ -106,3 +106,25 @@ def test_go_to_standing_at_a_lookalike_is_object_choice_and_turning_in_place_is_
         assert env.failure_mode("train", seed, calls + [turn]) == "navigation"
         checked += 1
     assert checked >= 3
+
+
+def test_a_failed_episode_that_repeats_a_prompt_and_its_answer_to_the_end_ended_in_a_cycle():
+    from types import SimpleNamespace
+
+    from jobs.evaluate import cycle_period
+
+    def episode(prompts_and_answers, success=False, stages=None):
+        turns = [SimpleNamespace(prompt_ids=(p,), response_ids=(a,), stage=(stages or {}).get(i, "action"))
+                 for i, (p, a) in enumerate(prompts_and_answers)]
+        return SimpleNamespace(success=success, trajectory=SimpleNamespace(turns=turns))
+
+    # A view, turn left, another view, turn right, the first view again: for ever after.
+    assert cycle_period(episode([(1, 7), (2, 5), (3, 6), (2, 5), (3, 6), (2, 5)])) == 2
+    assert cycle_period(episode([(1, 7), (4, 8), (4, 8), (4, 8)])) == 1  # a wall bumped into
+    # A view and its answer came back once, then the episode went elsewhere: no cycle.
+    assert cycle_period(episode([(2, 5), (3, 6), (2, 5), (9, 6)])) is None
+    # The same view answered differently (sampling, or a memory turn between): no cycle.
+    assert cycle_period(episode([(2, 5), (2, 6), (3, 6)])) is None
+    assert cycle_period(episode([(2, 5), (8, 9), (2, 5)], stages={1: "memory"})) == 1
+    assert cycle_period(episode([(2, 5), (2, 5)], success=True)) is None
+    assert cycle_period(SimpleNamespace(success=False, trajectory=None)) is None  # the bot: no token record
