@@ -162,8 +162,10 @@ def main() -> None:
     seeded = (f"model.seed={args.seed}", f"rollout.sampling.seed={args.seed}", f"warm_start.seed={args.seed}",
               f"warm_start.first_seed={500_000_000 + 100_000 * args.seed}")
     configured = {stage.name: [*seeded, *stage.overrides, *args.set] for stage in stages}
+    # Every stage's loop runs on a clock (run.max_wall_s, below), which the config's schedule may need.
+    clocked = f"run.max_wall_s={args.wall_s:.0f}"
     for overrides in configured.values():  # a bad --set fails here, not an hour in
-        load_config(JobConfig, CONFIG, overrides)
+        load_config(JobConfig, CONFIG, [*overrides, clocked])
     model_path, curves = None, {}
     for i, stage in enumerate(stages):
         last = i == len(stages) - 1
@@ -196,7 +198,7 @@ def main() -> None:
               + " ".join(f"{v}:{s:.2f}" for v, s in curves[stage.name]), flush=True)
     assert model_path is not None, "no stage ran: --wall-s is too small"
     # eval50 on the study's level as the stages saw it: the file with --set (e.g. the observation's form).
-    job = load_config(JobConfig, CONFIG, [*args.set, f"run.dir={out}"])
+    job = load_config(JobConfig, CONFIG, [*args.set, f"run.dir={out}", clocked])
     final = evaluate(job, model_path, "model", out / "eval_final", 50)
     wall = time.monotonic() - start
     random = evaluate(job, job.model.path, "random", out / "eval_random", 50)

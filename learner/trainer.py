@@ -94,9 +94,10 @@ class LearnerConfig(BaseModel):
     total_steps: int = Field(default=1000, ge=1)
     """Cosine schedule length."""
     schedule_end: Literal["total_steps", "wall_clock"] = "total_steps"
-    """What ends the cosine: `total_steps`, or `wall_clock`: whichever comes first of them and the
-    main loop's share of run.max_wall_s, so that a run given an hour ends at the rate's end however
-    many steps the machine made of it (the warm start's cosine ends with warm_start.max_wall_s alike)."""
+    """What ends the cosine: `total_steps`, or with `wall_clock` whichever comes first of those steps
+    and the end of run.max_wall_s (the main loop's part of it), so that a run given an hour reaches
+    the rate's end at the hour however many steps its machine made (the warm start's cosine ends with
+    warm_start.max_wall_s alike; docs/architecture.md, "The learner's rate")."""
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per learner step of the main loop (PPO's minibatches): the batch is dealt at
     random into this many parts, each its own step at the step's rate; the version (staleness,

@@ -123,8 +123,8 @@ def test_a_failed_episode_that_repeats_a_prompt_and_its_answer_to_the_end_ended_
     assert cycle_period(episode([(1, 7), (4, 8), (4, 8), (4, 8)])) == 1  # a wall bumped into
     # A view and its answer came back once, then the episode went elsewhere: no cycle.
     assert cycle_period(episode([(2, 5), (3, 6), (2, 5), (9, 6)])) is None
-    # The same view answered differently (sampling, or a memory turn between): no cycle.
-    assert cycle_period(episode([(2, 5), (2, 6), (3, 6)])) is None
+    assert cycle_period(episode([(2, 5), (2, 6), (3, 6)])) is None  # the view answered otherwise (sampling)
+    # Periods count action turns: a working-memory turn between two equal ones is not one.
     assert cycle_period(episode([(2, 5), (8, 9), (2, 5)], stages={1: "memory"})) == 1
     assert cycle_period(episode([(2, 5), (2, 5)], success=True)) is None
     assert cycle_period(SimpleNamespace(success=False, trajectory=None)) is None  # the bot: no token record

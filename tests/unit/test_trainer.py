@@ -247,6 +247,9 @@ def test_the_cosine_ends_with_the_wall_clock_or_its_steps_whichever_comes_first(
 
         load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", ["learner.schedule=cosine",
                                                                     "learner.schedule_end=wall_clock"])
+    # A warm start alone has no loop to schedule; the hour's config runs its stages on a clock.
+    load_config(JobConfig, "jobs/configs/babyai_opd_tiny.yaml", ["learner.schedule=cosine", "run.steps=0",
+                                                                "learner.schedule_end=wall_clock", "warm_start.num_episodes=4"])
 
 
 def test_the_loop_clock_carries_what_a_resumed_run_spent_over_the_new_runs_clock():
