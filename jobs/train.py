@@ -217,6 +217,16 @@ class JobConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _a_clock_for_the_schedule(self) -> "JobConfig":
+        # A warm start alone (run.steps=0) has no main loop for the schedule to end.
+        if self.learner.schedule_end == "wall_clock" and self.run.steps and \
+                (self.learner.schedule != "cosine" or self.run.max_wall_s is None):
+            raise ValueError(f"learner.schedule_end=wall_clock ends the cosine with the run's wall clock: it needs "
+                             f"learner.schedule=cosine (got {self.learner.schedule}) and run.max_wall_s (got "
+                             f"{self.run.max_wall_s})")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> "JobConfig":
         algorithm = self.learner.algorithm
         if self.run.steps == 0 and not self.warm_start.num_episodes:
@@ -242,12 +252,6 @@ class JobConfig(BaseModel):
             raise ValueError("learner.algorithm.topk_kl_coef > 0 needs every teacher's top-k: set teacher.top_k > 0 "
                              "(and teacher_routes[*].teacher.top_k)")
         self.aggregate.check(algorithm, self.warm_start.num_episodes, ALGORITHMS[algorithm.name].behaviour_free(algorithm))
-        # A warm start alone (run.steps=0) has no main loop for the schedule to end.
-        if self.learner.schedule_end == "wall_clock" and self.run.steps and \
-                (self.learner.schedule != "cosine" or self.run.max_wall_s is None):
-            raise ValueError(f"learner.schedule_end=wall_clock ends the cosine with the run's wall clock: it needs "
-                             f"learner.schedule=cosine (got {self.learner.schedule}) and run.max_wall_s (got "
-                             f"{self.run.max_wall_s})")
         if self.rollout.loop.working_memory:
             if any(not teacher_backend(t.backend).scores_text for t in self.teachers):
                 raise ValueError("rollout.loop.working_memory: the oracle teacher scores tool calls against the "
