@@ -52,11 +52,20 @@ class PromptConfig(BaseModel):
     27 of the 38 failed eval50 episodes of a BabyAI hour's policy; docs/babyai_text.md, "Greedy
     cycles"); the last call lets it tell those views apart, at ~8 prompt tokens."""
 
+    revisits: bool = False
+    """With `history_window: 0`, the user message says how many times the episode showed the current
+    view before ("You have seen this view 2 times before"; nothing on a view's first showing). With
+    the current view and the last call alone a greedy policy still walks the same circuit for ever
+    once a view comes back (15-18 of a BabyAI hour's ~35 failed eval50 episodes, periods 3-16;
+    docs/babyai_text.md, "Greedy cycles"): the count makes each lap's prompts new, so a policy can
+    learn to leave the circuit."""
+
     @model_validator(mode="after")
-    def _last_action_without_a_window(self) -> "PromptConfig":
-        if self.last_action and self.history_window != 0:
-            raise ValueError(f"last_action names the last call for prompts that show no past turn; with "
-                             f"history_window={self.history_window} the shown turns hold it: set history_window: 0")
+    def _memory_cues_without_a_window(self) -> "PromptConfig":
+        for name in ("last_action", "revisits"):
+            if getattr(self, name) and self.history_window != 0:
+                raise ValueError(f"{name} is a cue for prompts that show no past turn; with history_window="
+                                 f"{self.history_window} the shown turns hold it: set history_window: 0")
         return self
 
     @model_validator(mode="after")
@@ -164,6 +173,11 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if config.last_action and history:
         call = history[-1].call
         user += f"Your last action: {'none' if call is None else call.name}\n"
+    if config.revisits:
+        earlier = [first_observation] + [turn.observation for turn in history[:-1]]
+        num_seen = earlier.count(start_observation) if history else 0
+        if num_seen:
+            user += f"You have seen this view {num_seen} time{'s' if num_seen > 1 else ''} before\n"
     user += f"\nWhat you see:\n{start_observation}"
     system = (system_content(config, system_prompt, tools) if config.system_message else "") + system_extra
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []

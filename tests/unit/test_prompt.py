@@ -6,6 +6,7 @@ from pydantic import ValidationError
 from envs.babyai_text import BabyAITextEnv
 from envs.parser import ToolCallParser, format_tool_call
 from envs.prompt import HistoryTurn, PromptConfig, render_messages, template_tools
+from envs.protocol import ToolCall
 from models.loading import ModelConfig, load_tokenizer
 
 
@@ -67,6 +68,28 @@ def test_the_last_action_is_named_when_no_past_turn_is_shown():
     assert "Your last action: none\n" in user(history[:2])  # the malformed turn did not act
     with pytest.raises(ValueError, match="last_action .* history_window=2 .* set history_window: 0"):
         PromptConfig(history_window=2, last_action=True)
+
+
+def test_revisits_count_the_earlier_showings_of_the_current_view():
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    # Four left turns bring the first view back, and the fourth turn's view once more after eight.
+    history = [HistoryTurn(response_text="", call=ToolCall(name="turn_left", arguments={}), error=None, think=None,
+                           observation=env.step(ToolCall(name="turn_left", arguments={})).observation)
+               for _ in range(8)]
+    assert history[3].observation == reset.observation and history[7].observation == reset.observation
+    cfg = PromptConfig(history_window=0, last_action=True, revisits=True)
+
+    def user(turns):
+        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, turns)[-1]["content"]
+
+    assert "seen" not in user([]) and "seen" not in user(history[:3])
+    assert user(history[:4]) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
+                                 f"You have seen this view 1 time before\n\nWhat you see:\n{reset.observation}")
+    assert "You have seen this view 2 times before\n" in user(history[:8])
+    assert "You have seen this view 1 time before\n" in user(history[:5])  # the first turn's view
+    with pytest.raises(ValueError, match="revisits .* history_window=all .* set history_window: 0"):
+        PromptConfig(history_window="all", revisits=True)
 
 
 def test_malformed_turns_keep_raw_text_and_name_the_error():
