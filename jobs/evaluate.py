@@ -81,22 +81,44 @@ def executed_calls(result: EpisodeResult) -> list[ToolCall | None]:
             for t in turns if t.stage == "action"]
 
 
-def cycle_period(result: EpisodeResult) -> int | None:
-    """The period (in action turns) of the cycle a failed episode ended in, or None: from the first
-    turn whose prompt and response repeat an earlier turn's, every turn to the end repeats the turn
-    one period before it. A greedy policy whose prompt shows only the current view (history_window
-    0) then repeats itself for ever (turn left, turn right, ...; docs/babyai_text.md, "Greedy
-    cycles"). None also for a success or an episode without a token-level record."""
+def views_answered(env: TextEnv, result: EpisodeResult) -> list[str]:
+    """The view each action turn of an episode answered, replayed from the task's reset (`reset` is
+    deterministic) through the executed calls; a turn that did not act leaves the view as it was."""
+    view = env.reset(result.info.seed, result.info.split).observation
+    views = []
+    for call in executed_calls(result):
+        views.append(view)
+        if call is not None:
+            view = env.step(call).observation
+    return views
+
+
+def cycle_period(result: EpisodeResult, views: list[str]) -> int | None:
+    """The period p (in action turns) of the cycle a failed episode ended in, or None: the smallest p
+    whose last turns, at least p of them, each repeat the turn p before -- the same view, after the
+    same call, answered alike. A greedy policy whose prompt shows only the current view and the last
+    call (history_window 0) then repeats itself for ever (turn left, turn right, ...); with
+    `revisits` in the prompt each lap's prompts differ, and this still sees the same circuit walked
+    (docs/babyai_text.md, "Greedy cycles"). None also for a success or an episode without a
+    token-level record. `views`: `views_answered`."""
     if result.success or result.trajectory is None:
         return None
-    keys = [(t.prompt_ids, t.response_ids) for t in result.trajectory.turns if t.stage == "action"]
-    last_seen: dict[tuple, int] = {}
-    for i, key in enumerate(keys):
-        if key in last_seen:
-            period = i - last_seen[key]
-            return period if all(keys[k] == keys[k - period] for k in range(i, len(keys))) else None
-        last_seen[key] = i
+    responses = [t.response_ids for t in result.trajectory.turns if t.stage == "action"]
+    calls = [None] + executed_calls(result)[:-1]
+    keys = list(zip(views, calls, responses, strict=True))
+    for period in range(1, len(keys) // 2 + 1):
+        repeated = 0
+        while repeated < len(keys) - period and keys[-1 - repeated] == keys[-1 - repeated - period]:
+            repeated += 1
+        if repeated >= period:
+            return period
     return None
+
+
+def cycle_periods(env: TextEnv, results: list[EpisodeResult]) -> list[int | None]:
+    """`cycle_period` of every episode (None for those without a token-level record: expert, random)."""
+    return [None if r.success or r.trajectory is None else cycle_period(r, views_answered(env, r))
+            for r in results]
 
 
 def failure_modes(env: TextEnv, results: list[EpisodeResult]) -> list[str | None]:
@@ -110,20 +132,21 @@ def failure_modes(env: TextEnv, results: list[EpisodeResult]) -> list[str | None
             for r in results]
 
 
-def summarize(results: list[EpisodeResult], modes: list[str | None] | None = None) -> dict[str, dict]:
+def summarize(results: list[EpisodeResult], modes: list[str | None] | None = None,
+              periods: list[int | None] | None = None) -> dict[str, dict]:
     """Per task type and overall: episodes, success rate, mean turns, format error rate, the
-    executed tool calls by name (model policies), failed episodes that ended in a cycle
-    (`cycle_period`; model policies), and, where `modes` diagnosed some failures, their count per
-    failure mode."""
+    executed tool calls by name (model policies), where `periods` are given the failed episodes
+    that ended in a cycle (`cycle_periods`), and, where `modes` diagnosed some failures, their count
+    per failure mode."""
     modes = modes or [None] * len(results)
-    groups: dict[str, list[tuple[EpisodeResult, str | None]]] = defaultdict(list)
-    for r, mode in zip(results, modes, strict=True):
-        groups[r.info.task_type].append((r, mode))
+    groups: dict[str, list[tuple[EpisodeResult, str | None, int | None]]] = defaultdict(list)
+    for row in zip(results, modes, periods or [None] * len(results), strict=True):
+        groups[row[0].info.task_type].append(row)
     groups = dict(sorted(groups.items()))
-    groups["overall"] = list(zip(results, modes))
+    groups["overall"] = [row for rows in groups.values() for row in rows]
     summary = {}
     for name, rows in groups.items():
-        rs = [r for r, _ in rows]
+        rs = [r for r, _, _ in rows]
         turns = sum(r.num_turns for r in rs)
         summary[name] = {
             "num_episodes": len(rs),
@@ -131,10 +154,10 @@ def summarize(results: list[EpisodeResult], modes: list[str | None] | None = Non
             "mean_turns": turns / len(rs),
             "format_error_rate": sum(r.num_format_errors for r in rs) / max(turns, 1),
         }
-        if any(r.trajectory is not None for r in results):
-            summary[name]["num_cycled"] = sum(cycle_period(r) is not None for r in rs)
+        if periods is not None and any(r.trajectory is not None for r in results):
+            summary[name]["num_cycled"] = sum(period is not None for _, _, period in rows)
         if any(modes):
-            summary[name]["failure_modes"] = dict(sorted(Counter(m for _, m in rows if m is not None).items()))
+            summary[name]["failure_modes"] = dict(sorted(Counter(m for _, m, _ in rows if m is not None).items()))
         calls = Counter(call.name if call else "(none)" for r in rs for call in executed_calls(r))
         if calls:
             # A policy that never calls some tool fails every task needing it (docs/babyai_text.md).
@@ -153,8 +176,8 @@ def format_table(summary: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], modes: list[str | None], summary: dict,
-                  wall_s: float) -> Path:
+def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], modes: list[str | None],
+                  periods: list[int | None], summary: dict, wall_s: float) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -170,7 +193,7 @@ def write_outputs(config: EvaluateConfig, results: list[EpisodeResult], modes: l
         "num_turns": pa.array([r.num_turns for r in results], pa.int32()),
         "num_format_errors": pa.array([r.num_format_errors for r in results], pa.int32()),
         "failure_mode": pa.array(modes, pa.string()),
-        "cycle_period": pa.array([cycle_period(r) for r in results], pa.int32()),
+        "cycle_period": pa.array(periods, pa.int32()),
     })
     pq.write_table(table, out / "episodes.parquet")
     return out
@@ -212,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(policy, ModelPolicy):
             policy.engine.close()
     wall_s = time.perf_counter() - start
-    modes = failure_modes(make_env(config.env), results)
-    summary = summarize(results, modes)
-    out = write_outputs(config, results, modes, summary, wall_s)
+    env = make_env(config.env)
+    modes, periods = failure_modes(env, results), cycle_periods(env, results)
+    summary = summarize(results, modes, periods)
+    out = write_outputs(config, results, modes, periods, summary, wall_s)
     print(format_table(summary))
     if "tool_calls" in summary["overall"]:
         print("tool calls: " + " ".join(f"{name}:{n}" for name, n in summary["overall"]["tool_calls"].items()))

@@ -1,5 +1,8 @@
 """Failure modes of BabyAI-Text episodes, read by replaying their executed calls."""
 
+import json
+from types import SimpleNamespace
+
 from minigrid.envs.babyai.core.verifier import GoToInstr, ObjDesc, PickupInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
@@ -108,23 +111,43 @@ def test_go_to_standing_at_a_lookalike_is_object_choice_and_turning_in_place_is_
     assert checked >= 3
 
 
-def test_a_failed_episode_that_repeats_a_prompt_and_its_answer_to_the_end_ended_in_a_cycle():
-    from types import SimpleNamespace
+def _episode(calls_and_answers, success=False, stages=None, seed=0):
+    turns = [SimpleNamespace(executed_call=None if c is None else json.dumps({"name": c, "arguments": {}}),
+                             response_ids=(a,), stage=(stages or {}).get(i, "action"))
+             for i, (c, a) in enumerate(calls_and_answers)]
+    return SimpleNamespace(success=success, trajectory=SimpleNamespace(turns=turns),
+                           info=SimpleNamespace(seed=seed, split="train"))
 
+
+def test_a_failed_episode_whose_last_lap_repeats_the_one_before_ended_in_a_cycle():
     from jobs.evaluate import cycle_period
 
-    def episode(prompts_and_answers, success=False, stages=None):
-        turns = [SimpleNamespace(prompt_ids=(p,), response_ids=(a,), stage=(stages or {}).get(i, "action"))
-                 for i, (p, a) in enumerate(prompts_and_answers)]
-        return SimpleNamespace(success=success, trajectory=SimpleNamespace(turns=turns))
-
+    L, R, F = "turn_left", "turn_right", "go_forward"
     # A view, turn left, another view, turn right, the first view again: for ever after.
-    assert cycle_period(episode([(1, 7), (2, 5), (3, 6), (2, 5), (3, 6), (2, 5)])) == 2
-    assert cycle_period(episode([(1, 7), (4, 8), (4, 8), (4, 8)])) == 1  # a wall bumped into
-    # A view and its answer came back once, then the episode went elsewhere: no cycle.
-    assert cycle_period(episode([(2, 5), (3, 6), (2, 5), (9, 6)])) is None
-    assert cycle_period(episode([(2, 5), (2, 6), (3, 6)])) is None  # the view answered otherwise (sampling)
+    assert cycle_period(_episode([(F, 7), (L, 5), (R, 6), (L, 5), (R, 6), (L, 5)]), list("abcbcb")) == 2
+    assert cycle_period(_episode([(L, 7), (F, 8), (F, 8), (F, 8)]), list("abcc")) == 1  # a wall
+    # A view and its answer came back once, then the episode went elsewhere: no cycle...
+    assert cycle_period(_episode([(L, 5), (R, 6), (L, 5), (F, 6)]), list("abad")) is None
+    assert cycle_period(_episode([(L, 5), (L, 6), (R, 6)]), list("aab")) is None  # answered otherwise (sampling)
+    # ...and one that ends in a cycle after such a coincidence still counts.
+    assert cycle_period(_episode([(L, 5), (R, 6), (L, 5), (F, 6), (F, 8), (F, 8), (F, 8)]),
+                        list("abadeee")) == 1
+    # The same view after another call is another state of a prompt that names the last call.
+    assert cycle_period(_episode([(L, 5), (R, 6), (L, 5), (R, 6), (L, 5)]), list("aaaaa")) == 2
     # Periods count action turns: a working-memory turn between two equal ones is not one.
-    assert cycle_period(episode([(2, 5), (8, 9), (2, 5)], stages={1: "memory"})) == 1
-    assert cycle_period(episode([(2, 5), (2, 5)], success=True)) is None
-    assert cycle_period(SimpleNamespace(success=False, trajectory=None)) is None  # the bot: no token record
+    assert cycle_period(_episode([(F, 5), (None, 9), (F, 5), (F, 5)], stages={1: "memory"}), list("aaa")) == 1
+    assert cycle_period(_episode([(F, 5), (F, 5)], success=True), list("aa")) is None
+    assert cycle_period(SimpleNamespace(success=False, trajectory=None), []) is None  # the bot: no token record
+
+
+def test_views_are_replayed_from_the_task_through_the_executed_calls():
+    from jobs.evaluate import cycle_periods, views_answered
+
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    lefts = _episode([("turn_left", 5)] * 12, seed=3)
+    views = views_answered(env, lefts)
+    assert views[0] == views[4] == views[8] == reset.observation and len(set(views)) == 4
+    # The first lap starts after no call, so the cycle shows from the second on.
+    assert cycle_periods(env, [lefts]) == [4]
+    assert cycle_periods(env, [_episode([("turn_left", 5)] * 12, success=True, seed=3)]) == [None]
