@@ -94,24 +94,25 @@ def views_answered(env: TextEnv, result: EpisodeResult) -> list[str]:
 
 
 def cycle_period(result: EpisodeResult, views: list[str]) -> int | None:
-    """The period p (in action turns) of the cycle a failed episode ended in, or None: the smallest p
-    whose last turns, at least p of them, each repeat the turn p before -- the same view, after the
-    same call, answered alike. A greedy policy whose prompt shows only the current view and the last
-    call (history_window 0) then repeats itself for ever (turn left, turn right, ...); with
-    `revisits` in the prompt each lap's prompts differ, and this still sees the same circuit walked
-    (docs/babyai_text.md, "Greedy cycles"). None also for a success or an episode without a
-    token-level record. `views`: `views_answered`."""
+    """The period (in action turns) of the cycle a failed episode ended in, or None: the first turn
+    that repeats an earlier one -- the same view, after the same call, answered alike -- from which
+    every turn to the end repeats the turn one period before. A greedy policy whose prompt shows only
+    the current view and the last call (history_window 0) then repeats itself for ever (turn left,
+    turn right, ...); with `revisits` in the prompt each lap's prompts differ, and this still sees
+    the same circuit walked (docs/babyai_text.md, "Greedy cycles"). None also for a success or an
+    episode without a token-level record. `views`: `views_answered`."""
     if result.success or result.trajectory is None:
         return None
-    responses = [t.response_ids for t in result.trajectory.turns if t.stage == "action"]
-    calls = [None] + executed_calls(result)[:-1]
-    keys = list(zip(views, calls, responses, strict=True))
-    for period in range(1, len(keys) // 2 + 1):
-        repeated = 0
-        while repeated < len(keys) - period and keys[-1 - repeated] == keys[-1 - repeated - period]:
-            repeated += 1
-        if repeated >= period:
-            return period
+    turns = [t for t in result.trajectory.turns if t.stage == "action"]
+    keys = list(zip(views, [None] + [t.executed_call for t in turns[:-1]], [t.response_ids for t in turns],
+                    strict=True))
+    last_seen: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        if key in last_seen:
+            period = i - last_seen[key]
+            if all(keys[k] == keys[k - period] for k in range(i, len(keys))):
+                return period
+        last_seen[key] = i
     return None
 
 

@@ -119,7 +119,7 @@ def _episode(calls_and_answers, success=False, stages=None, seed=0):
                            info=SimpleNamespace(seed=seed, split="train"))
 
 
-def test_a_failed_episode_whose_last_lap_repeats_the_one_before_ended_in_a_cycle():
+def test_a_failed_episode_that_repeats_a_view_its_last_call_and_its_answer_to_the_end_ended_in_a_cycle():
     from jobs.evaluate import cycle_period
 
     L, R, F = "turn_left", "turn_right", "go_forward"
