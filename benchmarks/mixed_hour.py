@@ -28,8 +28,8 @@ one hour), measured from this script's start:
 
 Per task type it prints the final policy's failure modes (jobs.evaluate: format, navigation,
 object choice, interaction, sequencing; envs/babyai_text/diagnosis.py), the tools it called, and
-its failed episodes that ended in a cycle (`cycled`: a view and its answer repeating to the end,
-jobs.evaluate.cycle_period; the greedy policy cannot leave it).
+its failed episodes that ended in a cycle (`cycled`: the same view, last call and answer repeating
+to the end, jobs.evaluate.cycle_period; the greedy policy cannot leave it).
 
     python benchmarks/mixed_hour.py [--wall-s 3600] [--seed 0] [--out runs/mixed_hour]
         [--stages starter,mixed] [--sft-share [STAGE=]F ...] [--set KEY=VALUE ...]
