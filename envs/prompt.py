@@ -58,7 +58,8 @@ class PromptConfig(BaseModel):
     the current view and the last call alone a greedy policy still walks the same circuit for ever
     once a view comes back (15-18 of a BabyAI hour's ~35 failed eval50 episodes, periods 3-16;
     docs/babyai_text.md, "Greedy cycles"): the count makes each lap's prompts new, so a policy can
-    learn to leave the circuit."""
+    learn to leave the circuit. Measured in the hour (seed 0): cycles 11 of 42 failures against 23
+    of 36, but eval50 0.16 against 0.28 without it -- an option, off."""
 
     @model_validator(mode="after")
     def _memory_cues_without_a_window(self) -> "PromptConfig":
