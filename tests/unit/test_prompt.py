@@ -73,7 +73,7 @@ def test_the_last_action_is_named_when_no_past_turn_is_shown():
 def test_revisits_count_the_earlier_showings_of_the_current_view():
     env = BabyAITextEnv()
     reset = env.reset(3, "train")
-    # Four left turns bring the first view back, and the fourth turn's view once more after eight.
+    # Four left turns bring the first view back, eight bring it back twice.
     history = [HistoryTurn(response_text="", call=ToolCall(name="turn_left", arguments={}), error=None, think=None,
                            observation=env.step(ToolCall(name="turn_left", arguments={})).observation)
                for _ in range(8)]
