@@ -175,8 +175,8 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
         call = history[-1].call
         user += f"Your last action: {'none' if call is None else call.name}\n"
     if config.revisits:
-        earlier = [first_observation] + [turn.observation for turn in history[:-1]]
-        num_seen = earlier.count(start_observation) if history else 0
+        views = [first_observation] + [turn.observation for turn in history]
+        num_seen = views[:-1].count(views[-1])
         if num_seen:
             user += f"You have seen this view {num_seen} time{'s' if num_seen > 1 else ''} before\n"
     user += f"\nWhat you see:\n{start_observation}"
