@@ -61,9 +61,16 @@ class PromptConfig(BaseModel):
     learn to leave the circuit. Measured in the hour (seed 0): cycles 11 of 42 failures against 23
     of 36, but eval50 0.16 against 0.28 without it -- an option, off."""
 
+    revisit_action: bool = False
+    """With `history_window: 0`, when the current view was shown earlier in the episode, the user
+    message names the call taken at its last showing ("Your action here before: turn_right"; "none"
+    when that turn did not act). `revisits` tells a circuit's lap only that it is one; this names
+    what the last lap did here, so a policy can learn to do something else (docs/babyai_text.md,
+    "Greedy cycles")."""
+
     @model_validator(mode="after")
     def _memory_cues_without_a_window(self) -> "PromptConfig":
-        for name in ("last_action", "revisits"):
+        for name in ("last_action", "revisits", "revisit_action"):
             if getattr(self, name) and self.history_window != 0:
                 raise ValueError(f"{name} is a cue for prompts that show no past turn; with history_window="
                                  f"{self.history_window} the shown turns hold it: set history_window: 0")
@@ -174,11 +181,17 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if config.last_action and history:
         call = history[-1].call
         user += f"Your last action: {'none' if call is None else call.name}\n"
+    # views[i] is the view turn i answered (history[i].call was taken there); views[-1] the current one.
+    views = [first_observation] + [turn.observation for turn in history]
     if config.revisits:
-        views = [first_observation] + [turn.observation for turn in history]
         num_seen = views[:-1].count(views[-1])
         if num_seen:
             user += f"You have seen this view {num_seen} time{'s' if num_seen > 1 else ''} before\n"
+    if config.revisit_action:
+        earlier = [i for i, view in enumerate(views[:-1]) if view == views[-1]]
+        if earlier:
+            call = history[earlier[-1]].call
+            user += f"Your action here before: {'none' if call is None else call.name}\n"
     user += f"\nWhat you see:\n{start_observation}"
     system = (system_content(config, system_prompt, tools) if config.system_message else "") + system_extra
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []

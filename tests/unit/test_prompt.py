@@ -92,6 +92,28 @@ def test_revisits_count_the_earlier_showings_of_the_current_view():
         PromptConfig(history_window="all", revisits=True)
 
 
+def test_revisit_action_names_the_call_taken_at_the_last_showing_of_the_current_view():
+    env = BabyAITextEnv()
+    reset = env.reset(3, "train")
+    calls = ["turn_left"] * 4 + ["turn_right", "turn_left", "turn_left"]
+    history = [HistoryTurn(response_text="", call=ToolCall(name=name, arguments={}), error=None, think=None,
+                           observation=env.step(ToolCall(name=name, arguments={})).observation) for name in calls]
+    # The views: 0 1 2 3 0 | 3 0 1 (turn right from view 0 is view 3, turning left brings 0 and 1 back).
+    cfg = PromptConfig(history_window=0, last_action=True, revisit_action=True)
+
+    def user(turns):
+        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, turns)[-1]["content"]
+
+    assert "here before" not in user([]) and "here before" not in user(history[:3])
+    assert user(history[:4]) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
+                                 f"Your action here before: turn_left\n\nWhat you see:\n{reset.observation}")
+    assert "Your action here before: turn_left\n" in user(history[:5])  # view 3, left at turn 3
+    assert "Your action here before: turn_right\n" in user(history[:6])  # view 0, right at its last showing
+    assert "Your action here before: turn_left\n" in user(history[:7])  # view 1, left at turn 1
+    with pytest.raises(ValueError, match="revisit_action .* history_window=2 .* set history_window: 0"):
+        PromptConfig(history_window=2, revisit_action=True)
+
+
 def test_malformed_turns_keep_raw_text_and_name_the_error():
     env = BabyAITextEnv()
     reset, history = expert_history(env, 11, 3, bad_turns=(1,))
