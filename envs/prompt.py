@@ -65,8 +65,9 @@ class PromptConfig(BaseModel):
     """With `history_window: 0`, when the current view was shown earlier in the episode, the user
     message names the call taken at its last showing ("Your action here before: turn_right"; "none"
     when that turn did not act). `revisits` tells a circuit's lap only that it is one; this names
-    what the last lap did here, so a policy can learn to do something else (docs/babyai_text.md,
-    "Greedy cycles")."""
+    what the last lap did here, so a policy can learn to do something else. Measured in the hour
+    (seed 0): cycles 6 of 39 failures against 23 of 36, eval50 0.22 against 0.28 without it -- an
+    option, off (docs/babyai_text.md, "Greedy cycles")."""
 
     @model_validator(mode="after")
     def _memory_cues_without_a_window(self) -> "PromptConfig":
