@@ -70,46 +70,44 @@ def test_the_last_action_is_named_when_no_past_turn_is_shown():
         PromptConfig(history_window=2, last_action=True)
 
 
-def test_revisits_count_the_earlier_showings_of_the_current_view():
+def _episode_of(calls, **cues):
+    """BabyAI task 3 played with `calls`; its turns, and the window-0 user message after the first k."""
     env = BabyAITextEnv()
     reset = env.reset(3, "train")
+    history = [HistoryTurn(response_text="", call=ToolCall(name=name, arguments={}), error=None, think=None,
+                           observation=env.step(ToolCall(name=name, arguments={})).observation) for name in calls]
+    cfg = PromptConfig(history_window=0, last_action=True, **cues)
+
+    def user(k):
+        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, history[:k])[-1]["content"]
+
+    return reset, history, user
+
+
+def test_revisits_count_the_earlier_showings_of_the_current_view():
     # Four left turns bring the first view back, eight bring it back twice.
-    history = [HistoryTurn(response_text="", call=ToolCall(name="turn_left", arguments={}), error=None, think=None,
-                           observation=env.step(ToolCall(name="turn_left", arguments={})).observation)
-               for _ in range(8)]
+    reset, history, user = _episode_of(["turn_left"] * 8, revisits=True)
     assert history[3].observation == reset.observation and history[7].observation == reset.observation
-    cfg = PromptConfig(history_window=0, last_action=True, revisits=True)
-
-    def user(turns):
-        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, turns)[-1]["content"]
-
-    assert "seen" not in user([]) and "seen" not in user(history[:3])
-    assert user(history[:4]) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
-                                 f"You have seen this view 1 time before\n\nWhat you see:\n{reset.observation}")
-    assert "You have seen this view 2 times before\n" in user(history[:8])
-    assert "You have seen this view 1 time before\n" in user(history[:5])  # the first turn's view
+    assert "seen" not in user(0) and "seen" not in user(3)
+    assert user(4) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
+                       f"You have seen this view 1 time before\n\nWhat you see:\n{reset.observation}")
+    assert "You have seen this view 2 times before\n" in user(8)
+    assert "You have seen this view 1 time before\n" in user(5)  # the first turn's view
     with pytest.raises(ValueError, match="revisits .* history_window=all .* set history_window: 0"):
         PromptConfig(history_window="all", revisits=True)
 
 
 def test_revisit_action_names_the_call_taken_at_the_last_showing_of_the_current_view():
-    env = BabyAITextEnv()
-    reset = env.reset(3, "train")
-    calls = ["turn_left"] * 4 + ["turn_right", "turn_left", "turn_left"]
-    history = [HistoryTurn(response_text="", call=ToolCall(name=name, arguments={}), error=None, think=None,
-                           observation=env.step(ToolCall(name=name, arguments={})).observation) for name in calls]
-    # The views: 0 1 2 3 0 | 3 0 1 (turn right from view 0 is view 3, turning left brings 0 and 1 back).
-    cfg = PromptConfig(history_window=0, last_action=True, revisit_action=True)
-
-    def user(turns):
-        return render_messages(cfg, env.system_prompt, reset.task, reset.observation, turns)[-1]["content"]
-
-    assert "here before" not in user([]) and "here before" not in user(history[:3])
-    assert user(history[:4]) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
-                                 f"Your action here before: turn_left\n\nWhat you see:\n{reset.observation}")
-    assert "Your action here before: turn_left\n" in user(history[:5])  # view 3, left at turn 3
-    assert "Your action here before: turn_right\n" in user(history[:6])  # view 0, right at its last showing
-    assert "Your action here before: turn_left\n" in user(history[:7])  # view 1, left at turn 1
+    # The views: 0 1 2 3 0 | 3 0 1 (turning right at view 0 shows view 3, turning left brings 0 and 1 back).
+    reset, history, user = _episode_of(["turn_left"] * 4 + ["turn_right", "turn_left", "turn_left"],
+                                       revisit_action=True)
+    assert history[3].observation == reset.observation == history[5].observation
+    assert "here before" not in user(0) and "here before" not in user(3)
+    assert user(4) == (f"Your task: {reset.task}\nYour last action: turn_left\n"
+                       f"Your action here before: turn_left\n\nWhat you see:\n{reset.observation}")
+    assert "Your action here before: turn_left\n" in user(5)  # view 3, left at turn 3
+    assert "Your action here before: turn_right\n" in user(6)  # view 0, right at its last showing
+    assert "Your action here before: turn_left\n" in user(7)  # view 1, left at turn 1
     with pytest.raises(ValueError, match="revisit_action .* history_window=2 .* set history_window: 0"):
         PromptConfig(history_window=2, revisit_action=True)
 
