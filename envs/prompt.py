@@ -108,6 +108,10 @@ class HistoryTurn:
     """The environment's observation after this turn."""
 
 
+def _call_name(turn: HistoryTurn) -> str:
+    return "none" if turn.call is None else turn.call.name
+
+
 def _assistant_message(turn: HistoryTurn) -> dict[str, Any]:
     if turn.error is None and turn.call is not None:
         message: dict[str, Any] = {
@@ -180,19 +184,15 @@ def render_messages(config: PromptConfig, system_prompt: str, task: str, first_o
     if working_memory is not None:
         user += f"Your working memory:\n{working_memory}\n"
     if config.last_action and history:
-        call = history[-1].call
-        user += f"Your last action: {'none' if call is None else call.name}\n"
-    # views[i] is the view turn i answered (history[i].call was taken there); views[-1] the current one.
-    views = [first_observation] + [turn.observation for turn in history]
-    if config.revisits:
-        num_seen = views[:-1].count(views[-1])
-        if num_seen:
-            user += f"You have seen this view {num_seen} time{'s' if num_seen > 1 else ''} before\n"
-    if config.revisit_action:
+        user += f"Your last action: {_call_name(history[-1])}\n"
+    if config.revisits or config.revisit_action:
+        # views[i] is the view turn i answered (history[i].call was taken there); views[-1] the current one.
+        views = [first_observation] + [turn.observation for turn in history]
         earlier = [i for i, view in enumerate(views[:-1]) if view == views[-1]]
-        if earlier:
-            call = history[earlier[-1]].call
-            user += f"Your action here before: {'none' if call is None else call.name}\n"
+        if config.revisits and earlier:
+            user += f"You have seen this view {len(earlier)} time{'s' if len(earlier) > 1 else ''} before\n"
+        if config.revisit_action and earlier:
+            user += f"Your action here before: {_call_name(history[earlier[-1]])}\n"
     user += f"\nWhat you see:\n{start_observation}"
     system = (system_content(config, system_prompt, tools) if config.system_message else "") + system_extra
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
