@@ -23,17 +23,20 @@ collectives must pair up), padding with empty micro-batches where its shard is s
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import random
 import shutil
 import time
+import types
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from buffer.expansion import TrainSequence
@@ -121,8 +124,9 @@ class LearnerConfig(BaseModel):
     num_threads: int | None = Field(default=None, ge=1)
     """Torch threads of a CPU rank; None keeps the process's setting (actors: OMP_NUM_THREADS=1)."""
     compile: bool = False
-    """torch.compile the model's forward and backward (in place: names, checkpoints and exports
-    unchanged; per block inside FSDP2's hooks on a sharding rank). The first step compiles one graph
+    """torch.compile the decoder's forward and backward (in place: names, checkpoints and exports
+    unchanged; per block inside FSDP2's hooks on a sharding rank; the LM head runs eagerly, at the
+    trained positions alone: `logprobs_at`). The first step compiles one graph
     for every micro-batch shape (tiny:mini on 2 cores: ~1 minute cold), then its updates run 1.5-1.75x
     as fast (benchmarks/learner_overhead.py, docs/architecture.md "Precision")."""
     activation_checkpointing: bool = False
@@ -227,10 +231,49 @@ def response_tail(loss_mask: torch.Tensor, turn_index: torch.Tensor) -> torch.Te
     return tail
 
 
-def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
-    """(log-prob of each token under the model, entropy of each position's prediction) [N, T], 0 at
-    t=0; with `with_topk` also the log-probs of the teacher's top-k ids at each position [N, T, k]
-    (None when the batch has no teacher top-k)."""
+HEAD_CHUNK_POSITIONS = 2048
+"""Positions whose full-vocabulary logits exist at once (`logprobs_at`): at Qwen3's 151,936-token
+vocabulary a [chunk, V] fp32 tensor is 1.2 GB, and the log-softmax and entropy hold a few
+(docs/architecture.md, "Logits where the loss reads them")."""
+
+
+def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                   topk_ids: torch.Tensor | None):
+    """At M positions: (log-prob of each target [M], entropy of each prediction [M], log-probs of
+    the teacher's top-k ids [M, k] or None); `hidden` [M, H] the decoder's last hidden states."""
+    logp_all = torch.log_softmax(head(hidden).float(), dim=-1)  # [M, V]
+    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+    return (logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy,
+            None if topk_ids is None else logp_all.gather(-1, topk_ids))
+
+
+def logprobs_at(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
+                columns: torch.Tensor, topk_ids: torch.Tensor | None):
+    """`_head_logprobs` of the tokens at (rows, columns + 1) [M] from the logits at (rows, columns):
+    the decoder runs on every token, the LM head and the log-softmax only where asked, in chunks of
+    HEAD_CHUNK_POSITIONS recomputed in the backward pass, so no [N, T, V] tensor ever exists.
+    `topk_ids` [M, k] or None. A sharded rank calls it as the model's FSDP forward method
+    (`Trainer`): it uses the root module's parameters (embeddings, final norm, head)."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    picked = hidden[rows, columns]  # [M, H]
+    targets = input_ids[rows, columns + 1]
+    head, parts = model.get_output_embeddings(), []
+    for start in range(0, max(len(rows), 1), HEAD_CHUNK_POSITIONS):
+        part = slice(start, start + HEAD_CHUNK_POSITIONS)
+        parts.append(torch.utils.checkpoint.checkpoint(
+            _head_logprobs, head, picked[part], targets[part], None if topk_ids is None else topk_ids[part],
+            use_reentrant=False))
+    logp, entropy, topk = zip(*parts)
+    return torch.cat(logp), torch.cat(entropy), None if topk_ids is None else torch.cat(topk)
+
+
+def token_logprobs(model, batch: TokenBatch, with_topk: bool = False, everywhere: bool = False):
+    """(log-prob of each token under the model, entropy of each position's prediction) [N, T]; with
+    `with_topk` also the log-probs of the teacher's top-k ids at each position [N, T, k] (None when
+    the batch has no teacher top-k). Computed at the trained tokens (`loss_mask`), or at every
+    token but the first with `everywhere`; 0 elsewhere."""
+    from torch.distributed.fsdp import FSDPModule
+
     device = next(model.parameters()).device
     input_ids, attention_mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     # The rows' count unbacked: one compiled graph serves every micro-batch (learner.compile; no
@@ -238,19 +281,22 @@ def token_logprobs(model, batch: TokenBatch, with_topk: bool = False):
     # their own, ~30-40 s apiece on 2 cores (docs/architecture.md, "Precision").
     for t in (input_ids, attention_mask):
         torch._dynamo.decorators.mark_unbacked(t, 0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
-    zero = torch.zeros_like(logp[:, :1])
-    out = torch.cat([zero, logp], dim=1).cpu(), torch.cat([zero, entropy], dim=1).cpu()
+    wanted = batch.attention_mask[:, 1:].bool() if everywhere else batch.loss_mask[:, 1:]
+    rows, columns = wanted.nonzero(as_tuple=True)  # the logits at `columns` predict the tokens at `columns + 1`
+    topk_ids = None
+    if with_topk and batch.teacher_topk_ids is not None:
+        topk_ids = batch.teacher_topk_ids[rows, columns + 1].clamp(min=0).to(device)
+    compute = model.logprobs_at if isinstance(model, FSDPModule) else functools.partial(logprobs_at, model)
+    logp, entropy, topk = compute(input_ids, attention_mask, rows.to(device), columns.to(device), topk_ids)
+
+    def placed(values: torch.Tensor, *trailing: int) -> torch.Tensor:
+        out = torch.zeros(*input_ids.shape, *trailing, dtype=values.dtype)
+        return out.index_put((rows, columns + 1), values.cpu())
+
+    out = placed(logp), placed(entropy)
     if not with_topk:
         return out
-    if batch.teacher_topk_ids is None:
-        return (*out, None)
-    ids = batch.teacher_topk_ids[:, 1:].clamp(min=0).to(device)
-    topk = logp_all.gather(-1, ids)
-    return (*out, torch.cat([torch.zeros_like(topk[:, :1]), topk], dim=1).cpu())
+    return (*out, None if topk is None else placed(topk, topk.shape[-1]))
 
 
 class StepSums:
@@ -347,7 +393,7 @@ class Trainer:
                  module: torch.nn.Module | None = None) -> None:
         """`module`: an already-built causal LM to train instead of loading `model.path` (the GPU
         benchmarks train randomly initialised models of real shape that exist in no directory)."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         if not dist.is_initialized():
             raise RuntimeError("Trainer needs an initialised torch.distributed process group (any size)")
@@ -379,8 +425,13 @@ class Trainer:
                     layer.compile()  # per block, inside FSDP2's hooks (as torchtitan does)
                 fully_shard(layer, mp_policy=mp)
             fully_shard(self.model, mp_policy=mp)
+            # The loss reads log-probs through `logprobs_at`, not `forward`: FSDP2 gathers the
+            # root's parameters around it as around a forward.
+            self.model.logprobs_at = types.MethodType(logprobs_at, self.model)
+            register_fsdp_forward_method(self.model, "logprobs_at")
         elif config.compile:
-            self.model.compile(dynamic=True)
+            # The decoder: the head runs eagerly on the trained positions alone (`logprobs_at`).
+            self.model.get_decoder().compile(dynamic=True)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, config))
@@ -483,7 +534,7 @@ class Trainer:
         """Current log-prob of each sequence's tokens (for agreement checks), shape [num_tokens] each."""
         out = []
         for s in sequences:
-            logp, _ = token_logprobs(self.model, collate([s], self.version, self.pad_token_id))
+            logp, _ = token_logprobs(self.model, collate([s], self.version, self.pad_token_id), everywhere=True)
             out.append(logp[0])
         return out
 

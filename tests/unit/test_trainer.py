@@ -484,3 +484,39 @@ def test_learner_ranks_bind_the_interface_of_the_nodes_ray_address_not_the_hostn
     assert socket_ifname("eth9", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "x"}) == dict.fromkeys(both, "eth9")
     with pytest.raises(ValueError, match="no network interface holds this node's Ray address 203.0.113.77"):
         socket_ifname(None, "203.0.113.77", {})
+
+
+def test_log_probs_come_from_the_trained_positions_alone_in_chunks_equal_to_the_full_logits(trajectories, monkeypatch):
+    """The LM head and log-softmax run only where the loss reads them, a few positions at a time
+    (recomputed in the backward pass): the values and gradients of full-vocabulary logits."""
+    import learner.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "HEAD_CHUNK_POSITIONS", 5)
+    trajs = [dataclasses.replace(t, turns=tuple(
+        dataclasses.replace(turn, teacher_topk_ids=((7, 8),) * len(turn.response_ids),
+                            teacher_topk_logprobs=((-0.1, -2.4),) * len(turn.response_ids))
+        for turn in t.turns)) for t in trajectories]
+    batch = collate(sequences(trajs), 0, 0)
+    model = load_model(NANO)
+    mask = batch.loss_mask
+    assert 5 < int(mask.sum()) < mask.numel() // 2  # several chunks, most positions untrained
+
+    logp_all = torch.log_softmax(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1], -1)
+    expected = torch.nn.functional.pad(logp_all.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+    expected_topk = torch.nn.functional.pad(logp_all.gather(-1, batch.teacher_topk_ids[:, 1:].clamp(min=0)), (0, 0, 1, 0))
+    expected_entropy = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
+    ((expected * mask).sum() + (expected_topk[mask]).sum()).backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    logp, entropy, topk = token_logprobs(model, batch, with_topk=True)
+    assert torch.allclose(logp[mask], expected[mask], atol=1e-5) and not logp[~mask].any()
+    assert torch.allclose(topk[mask], expected_topk[mask], atol=1e-5) and not topk[~mask].any()
+    assert torch.allclose(entropy[mask], expected_entropy[mask].detach(), atol=1e-5)
+    ((logp * mask).sum() + topk[mask].sum()).backward()
+    for got, want in zip([p.grad for p in model.parameters()], expected_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
+    everywhere, _ = token_logprobs(model, batch, everywhere=True)
+    real = batch.attention_mask.bool()
+    real[:, 0] = False
+    assert torch.allclose(everywhere[real], expected[real], atol=1e-5)
