@@ -18,8 +18,9 @@ one hour), measured from this script's start:
    `mixed` (its minute goes to collecting the bot's 8,192 demonstrations, ~100 s, which leaves no
    SFT step: the aggregate's demonstrations beside every batch are the cloning on this level; then
    DAgger for the rest of the hour: 0.20 on eval50 where cloning every stage of the four had
-   reached 0.14 and 0.14, 0.22 and 0.26 with the learner compiled; docs/babyai_text.md, "The job's
-   hour in the probe's shape", "A compiled learner"). A stage may use its share of the budget at
+   reached 0.14 and 0.14, 0.22 and 0.26 with the learner compiled, 0.30 and 0.32 with the config as
+   shipped, its roll-outs at temperature 0.5; docs/babyai_text.md, "The job's hour in the probe's
+   shape", "A compiled learner", "Greedy cycles"). A stage may use its share of the budget at
    most; the last stage gets whatever is left;
 2. `jobs.evaluate` of the final policy on eval50 as the seed defines it (the fixed 50 tasks,
    20 turns, greedy): inside the budget;
