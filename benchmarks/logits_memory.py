@@ -47,21 +47,14 @@ def full_logprobs(model, batch):
 
 def run_arm(arm: str, tokens: int, layers: int, threads: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     from gpu_learner import packed_sequences  # benchmarks/ is on sys.path when run as a script
-    from learner.shapes import SHAPES
+    from learner.shapes import SHAPES, random_model
     from learner.trainer import collate, token_logprobs
 
     torch.set_num_threads(threads)
-    s = SHAPES["qwen3-0.6b"]
-    config = Qwen3Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                         num_hidden_layers=layers, num_attention_heads=s.num_attention_heads,
-                         num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim, tie_word_embeddings=True,
-                         pad_token_id=0, use_cache=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float().train()
-    sequences = packed_sequences(tokens, min(tokens, 2048), s.vocab_size, "opd", seed=0)
+    model = random_model("qwen3-0.6b", num_hidden_layers=layers).train()
+    sequences = packed_sequences(tokens, min(tokens, 2048), SHAPES["qwen3-0.6b"].vocab_size, "opd", seed=0)
     batch = collate(sequences, 0, 0)
     compute = full_logprobs if arm == "full" else token_logprobs
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -45,8 +45,10 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def random_model(shape: str, dtype: str = "float32", device: str = "cpu", seed: int = 0):
-    """A randomly initialised Qwen3 causal LM of the named shape (no download, no weights)."""
+def random_model(shape: str, dtype: str = "float32", device: str = "cpu", seed: int = 0,
+                 num_hidden_layers: int | None = None):
+    """A randomly initialised Qwen3 causal LM of the named shape (no download, no weights);
+    `num_hidden_layers` cuts it to fewer blocks of the same width and vocabulary."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -54,7 +56,7 @@ def random_model(shape: str, dtype: str = "float32", device: str = "cpu", seed: 
         raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
     s = SHAPES[shape]
     config = Qwen3Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size,
-                         intermediate_size=s.intermediate_size, num_hidden_layers=s.num_hidden_layers,
+                         intermediate_size=s.intermediate_size, num_hidden_layers=num_hidden_layers or s.num_hidden_layers,
                          num_attention_heads=s.num_attention_heads, num_key_value_heads=s.num_key_value_heads,
                          head_dim=s.head_dim, tie_word_embeddings=s.tie_word_embeddings,
                          max_position_embeddings=s.max_position_embeddings, rope_theta=1_000_000.0, pad_token_id=0,
